@@ -1,0 +1,141 @@
+"""Run a Python function on N msrun workers and collect each rank's return value.
+
+``run_msrun("pkg.module:func", 4, kwargs={...})`` starts ``msrun`` on 127.0.0.1 with a free
+port, runs ``func(**kwargs)`` on every worker (after ``init_distributed``), and returns the list
+of per-rank results. It never hangs: past ``timeout`` seconds the whole process tree is killed.
+On any failure the error shows the tail of every rank's log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+
+class MsrunError(AssertionError):
+    """An msrun job failed or timed out; the message carries every rank's log tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def msrun_executable() -> str:
+    """The msrun next to this interpreter (a venv's bin), else the one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "msrun")
+    found = here if os.path.exists(here) else shutil.which("msrun")
+    if not found:
+        raise MsrunError("msrun not found: install mindspore==2.10.0 in this environment")
+    return found
+
+
+def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Environment for workers: this interpreter first on PATH, our sys.path importable, quiet logs."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    env.setdefault("GLOG_v", "3")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def kill_tree(pid: int) -> None:
+    """Kill a process and all its descendants (msrun's scheduler and workers)."""
+    try:
+        import psutil
+        try:
+            parent = psutil.Process(pid)
+            procs = parent.children(recursive=True) + [parent]
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+    except ImportError:
+        pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str, lines: int) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as e:
+        return f"<no log: {e}>"
+
+
+def describe_logs(log_dir: str, nproc: int, launcher_log: str, lines: int = 40) -> str:
+    parts = [f"--- msrun ({launcher_log}) ---\n{_tail(launcher_log, 15)}"]
+    for r in range(nproc):
+        path = os.path.join(log_dir, f"worker_{r}.log")
+        parts.append(f"--- rank {r} ({path}) ---\n{_tail(path, lines)}")
+    return "\n".join(parts)
+
+
+def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
+              timeout: float = 300.0, env: Optional[Dict[str, str]] = None,
+              work_dir: Optional[str] = None, keep: bool = False) -> List[Any]:
+    """Run ``module:function`` on ``nproc`` msrun workers; return the per-rank results."""
+    if ":" not in target:
+        raise ValueError(f"run_msrun: target={target!r} must look like 'package.module:function'")
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"run_msrun: nproc={nproc!r} must be a positive integer")
+    own_dir = work_dir is None
+    work_dir = work_dir or tempfile.mkdtemp(prefix="mfc_msrun_")
+    log_dir = os.path.join(work_dir, "logs")
+    out_dir = os.path.join(work_dir, "results")
+    os.makedirs(out_dir, exist_ok=True)
+    launcher_log = os.path.join(work_dir, "msrun.log")
+    cmd = [msrun_executable(), f"--worker_num={nproc}", f"--local_worker_num={nproc}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", f"--log_dir={log_dir}",
+           "--join=True", f"--cluster_time_out={int(max(timeout, 30))}",
+           WORKER, target, out_dir, json.dumps(kwargs or {})]
+    start = time.monotonic()
+    with open(launcher_log, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env),
+                                cwd=work_dir, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            raise MsrunError(f"msrun {target} on {nproc} ranks exceeded {timeout:.0f}s and was "
+                             f"killed\n{describe_logs(log_dir, nproc, launcher_log)}")
+        finally:
+            kill_tree(proc.pid)  # no orphans even when msrun returned early
+    results, missing = [], []
+    for r in range(nproc):
+        path = os.path.join(out_dir, f"rank_{r}.pkl")
+        if not os.path.exists(path):
+            missing.append(r)
+            continue
+        with open(path, "rb") as f:
+            results.append(pickle.load(f))
+    if rc != 0 or missing:
+        raise MsrunError(f"msrun {target} on {nproc} ranks failed (exit {rc}, no result from ranks "
+                         f"{missing}) after {time.monotonic() - start:.1f}s\n"
+                         f"{describe_logs(log_dir, nproc, launcher_log)}")
+    if own_dir and not keep:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return results

@@ -1,0 +1,34 @@
+"""msrun worker entry: ``worker.py module:function out_dir kwargs_json``.
+
+Initializes distributed MindSpore, calls the function, and pickles its return value to
+``out_dir/rank_<rank>.pkl`` (written atomically).
+"""
+import importlib
+import json
+import os
+import pickle
+import sys
+import traceback
+
+
+def main(argv):
+    target, out_dir, kwargs = argv[1], argv[2], json.loads(argv[3])
+    from mindformers_core.distributed import init_distributed
+    env = init_distributed()
+    module_name, func_name = target.split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    try:
+        result = func(**kwargs)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # do not wait in collective teardown while peers may be blocked
+    tmp = os.path.join(out_dir, f".rank_{env.rank}.pkl.tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(result, f)
+    os.replace(tmp, os.path.join(out_dir, f"rank_{env.rank}.pkl"))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
