@@ -98,12 +98,9 @@ def _out_shape(name, n):
 
 
 def _run_group(group, dtype, mode, emulate, seed):
-    import os
-    names = os.environ.get("T_OPS", ",".join(OPS)).split(",")
+    names = OPS
     net = AllOps(group, names)
     xs_np, ws_np = _inputs(group.local_rank, group.size, dtype, seed)
-    idx = [OPS.index(n) for n in names]
-    xs_np, ws_np = [xs_np[i] for i in idx], [ws_np[i] for i in idx]
     xs = tuple(Tensor(x) for x in xs_np)
     ws = tuple(Tensor(w) for w in ws_np)
     grad_fn = ms.value_and_grad(net, grad_position=tuple(range(len(names))), has_aux=True)
@@ -173,30 +170,66 @@ def _async_and_barrier():
     return res
 
 
-def run(modes=("pynative", "jit"), dtypes=("float32", "float16"), mesh_shape=None):
-    import os
-    if os.environ.get("T_INTER"):
-        ms.set_context(inter_op_parallel_num=1)
-    if os.environ.get("T_BLOCK"):
-        ms.runtime.launch_blocking()
+def _parallel_state_report():
+    """Getters of parallel_state after tp=2, pp=2 on 4 ranks (dp=1)."""
+    from mindformers_core.distributed import parallel_state as ps
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    report = {
+        "tp": list(ps.get_tensor_model_parallel_group().ranks),
+        "pp": list(ps.get_pipeline_model_parallel_group().ranks),
+        "dp": list(ps.get_data_parallel_group().ranks),
+        "mp": list(ps.get_model_parallel_group().ranks),
+        "tp_rank": ps.get_tensor_model_parallel_rank(),
+        "pp_rank": ps.get_pipeline_model_parallel_rank(),
+        "tp_size": ps.get_tensor_model_parallel_world_size(),
+        "pp_size": ps.get_pipeline_model_parallel_world_size(),
+        "dp_size": ps.get_data_parallel_world_size(),
+        "first": ps.is_pipeline_first_stage(),
+        "last": ps.is_pipeline_last_stage(),
+        "embedding": list(ps.get_embedding_group().ranks),
+        "next": ps.get_pipeline_model_parallel_next_rank(),
+        "prev": ps.get_pipeline_model_parallel_prev_rank(),
+    }
+    # the groups really communicate: sum of global ranks over tp and over pp
+    x = Tensor(np.array([float(get_env().rank)], np.float32))
+    report["tp_sum"] = float(comm.all_reduce(x, "sum", ps.get_tensor_model_parallel_group()).asnumpy()[0])
+    report["pp_sum"] = float(comm.all_reduce(x, "sum", ps.get_pipeline_model_parallel_group()).asnumpy()[0])
+    ps.destroy_model_parallel()
+    return report
+
+
+def _bad_input():
+    """Errors raised before any communication, on a real multi-rank group."""
+    errors = {}
+    for name, call in (("reduce_scatter", lambda: comm.reduce_scatter(Tensor(np.ones((3, 4), np.float32)))),
+                       ("all_to_all", lambda: comm.all_to_all(Tensor(np.ones((4, 3), np.float32)), 1, 0)),
+                       ("all_reduce", lambda: comm.all_reduce(Tensor(np.ones((2,), np.float32)), "prod")),
+                       ("broadcast", lambda: comm.broadcast(Tensor(np.ones((2,), np.float32)), 99)),
+                       ("send", lambda: comm.send(Tensor(np.ones((2,), np.float32)), get_env().rank))):
+        try:
+            call()
+            errors[name] = None
+        except (ValueError, TypeError) as e:
+            errors[name] = str(e)
+    return errors
+
+
+def run(cases, p2p_modes=("pynative", "jit"), mesh_shape=None, parallel_state=False):
+    """``cases``: list of [group_name, dtype, mode, emulate]; group names: world, tp, dp."""
     env = get_env()
     groups = {"world": world_group()}
     if mesh_shape:
         mesh = DeviceMesh(tuple(mesh_shape), ("dp", "tp"))
         groups["tp"] = mesh.get_group("tp")
         groups["dp"] = mesh.get_group("dp")
-    results = {"rank": env.rank, "world_size": env.world_size, "cases": {}}
-    for gname, group in groups.items():
-        for dtype in dtypes:
-            for mode in modes:
-                emulations = (False, True) if gname == "world" else (False,)
-                for emulate in emulations:
-                    key = (gname, dtype, mode, emulate)
-                    results["cases"][key] = _run_group(group, dtype, mode, emulate,
-                                                       seed=hash((gname, dtype)) % 1000 + 7)
-    for mode in modes:
-        if os.environ.get("T_NOP2P"):
-            break
-        results[("p2p", mode)] = _p2p(mode)
+    results = {"rank": env.rank, "world_size": env.world_size, "cases": {}, "p2p": {}}
+    for gname, dtype, mode, emulate in cases:
+        results["cases"][(gname, dtype, mode, emulate)] = _run_group(
+            groups[gname], dtype, mode, emulate, seed=len(gname) * 31 + len(dtype))
+    for mode in p2p_modes:
+        results["p2p"][mode] = _p2p(mode)
     results["async"] = _async_and_barrier()
+    results["bad_input"] = _bad_input()
+    if parallel_state:
+        results["parallel_state"] = _parallel_state_report()
     return results

@@ -83,4 +83,6 @@ class Recv(CommCell):
         return self.recv(like)
 
     def bprop(self, like, out, dout):
-        return (self.keep(ops.zeros_like(like), self.grad_send(dout)),)
+        # send only after the forward receive: ``dout`` need not depend on it (d<y,w>/dy = w)
+        sent = self.grad_send(self.keep(dout, out))
+        return (self.keep(ops.zeros_like(like), sent),)

@@ -1,0 +1,19 @@
+"""mindformers_core: the MindFormers parallel core as a pure-Python MindSpore extension."""
+from setuptools import find_packages, setup
+
+setup(
+    name="mindformers_core",
+    version="0.1.0",
+    description="Tensor/pipeline/ZeRO parallel core for MindSpore, same numbers in PyNative and jit, "
+                "runnable on CPU with msrun",
+    packages=find_packages(include=["mindformers_core", "mindformers_core.*"]),
+    python_requires=">=3.11,<3.12",
+    install_requires=[
+        "mindspore==2.10.0",
+        "numpy<2",          # MindSpore 2.10 fails with NumPy 2 ("numpy.core.multiarray failed to import")
+        "pyyaml>=6,<7",
+        "sentencepiece>=0.2,<0.3",
+        "psutil>=5.9",      # process-tree cleanup in the msrun harness (also a MindSpore dependency)
+    ],
+    extras_require={"test": ["pytest>=8,<10"]},
+)
