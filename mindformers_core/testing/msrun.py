@@ -93,6 +93,21 @@ def describe_logs(log_dir: str, nproc: int, launcher_log: str, lines: int = 40) 
     return "\n".join(parts)
 
 
+def _wait(proc: subprocess.Popen, out_dir: str, deadline: float) -> bool:
+    """Wait for msrun to exit or the deadline; True if a worker reported an error first
+    (then the peers get a few seconds to report theirs before the tree is killed)."""
+    error_seen = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if error_seen is None and any(n.endswith(".error") for n in os.listdir(out_dir)):
+            error_seen = time.monotonic()
+        if error_seen is not None and time.monotonic() - error_seen > 3:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
               timeout: float = 300.0, env: Optional[Dict[str, str]] = None,
               work_dir: Optional[str] = None, keep: bool = False) -> List[Any]:
@@ -112,18 +127,19 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
            "--join=True", f"--cluster_time_out={int(max(timeout, 30))}",
            WORKER, target, out_dir, json.dumps(kwargs or {})]
     start = time.monotonic()
+    failed_early = False
     with open(launcher_log, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env),
                                 cwd=work_dir, start_new_session=True)
         try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            proc.wait()
-            raise MsrunError(f"msrun {target} on {nproc} ranks exceeded {timeout:.0f}s and was "
-                             f"killed\n{describe_logs(log_dir, nproc, launcher_log)}")
+            failed_early = _wait(proc, out_dir, start + timeout)
+            if proc.poll() is None and not failed_early:
+                raise MsrunError(f"msrun {target} on {nproc} ranks exceeded {timeout:.0f}s and was "
+                                 f"killed\n{describe_logs(log_dir, nproc, launcher_log)}")
         finally:
-            kill_tree(proc.pid)  # no orphans even when msrun returned early
+            kill_tree(proc.pid)  # no orphans, whatever happened
+            proc.wait()
+    rc = proc.returncode
     results, missing = [], []
     for r in range(nproc):
         path = os.path.join(out_dir, f"rank_{r}.pkl")
@@ -132,7 +148,7 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
             continue
         with open(path, "rb") as f:
             results.append(pickle.load(f))
-    if rc != 0 or missing:
+    if rc != 0 or missing or failed_early:
         raise MsrunError(f"msrun {target} on {nproc} ranks failed (exit {rc}, no result from ranks "
                          f"{missing}) after {time.monotonic() - start:.1f}s\n"
                          f"{describe_logs(log_dir, nproc, launcher_log)}")

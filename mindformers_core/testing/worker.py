@@ -15,14 +15,19 @@ def main(argv):
     target, out_dir, kwargs = argv[1], argv[2], json.loads(argv[3])
     from mindformers_core.distributed import init_distributed
     env = init_distributed()
+
     module_name, func_name = target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     try:
         result = func(**kwargs)
     except BaseException:
-        traceback.print_exc()
+        text = traceback.format_exc()
+        sys.stderr.write(text)
         sys.stdout.flush()
         sys.stderr.flush()
+        # tell the parent at once: msrun itself notices a dead worker only after ~30 s
+        with open(os.path.join(out_dir, f"rank_{env.rank}.error"), "w") as f:
+            f.write(text)
         os._exit(1)  # do not wait in collective teardown while peers may be blocked
     tmp = os.path.join(out_dir, f".rank_{env.rank}.pkl.tmp")
     with open(tmp, "wb") as f:

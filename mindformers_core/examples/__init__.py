@@ -1,0 +1,1 @@
+"""Small runnable examples (used by ``make demo``)."""

@@ -1,0 +1,46 @@
+"""The msrun harness: results per rank, failures with every rank's log, deadlines, no orphans."""
+import os
+import time
+
+import psutil
+import pytest
+
+from mindformers_core.testing import MsrunError, run_msrun
+
+pytestmark = pytest.mark.msrun
+
+
+def test_results_are_collected_per_rank():
+    results = run_msrun("tests.bodies.harness_body:echo", 2, kwargs={"value": [1, 2]}, timeout=120)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world"] == 2 and r["value"] == [1, 2] for r in results)
+    assert results[0]["pid"] != results[1]["pid"]
+
+
+def test_failure_shows_each_rank_log():
+    with pytest.raises(MsrunError) as info:
+        run_msrun("tests.bodies.harness_body:fail_on", 2, kwargs={"rank": 1}, timeout=120)
+    text = str(info.value)
+    assert "boom from rank 1" in text
+    assert "--- rank 0" in text and "--- rank 1" in text
+    assert "no result from ranks [1]" in text or "exit" in text
+
+
+def test_deadline_kills_the_whole_tree(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(MsrunError, match="exceeded 20s and was killed"):
+        run_msrun("tests.bodies.harness_body:hang_on", 2,
+                  kwargs={"rank": 1, "marker": str(tmp_path)}, timeout=20)
+    assert time.monotonic() - start < 60
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid_*")]
+    assert pids, "workers never started"
+    time.sleep(1)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphan workers left running: {alive}"
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="target='nocolon'"):
+        run_msrun("nocolon", 2)
+    with pytest.raises(ValueError, match="nproc=0"):
+        run_msrun("a:b", 0)
