@@ -42,7 +42,7 @@ def test_mesh_groups_equal_rank_generator_groups():
 
 
 @pytest.mark.parametrize("args, message", [
-    (((2, 2), ("dp",)), "has 2 dims but dim_names"),
+    (((2, 2), ("dp",)), "has 2 dims but names"),
     (((2, 0), ("dp", "tp")), "size of dim 'tp' is 0"),
     (((2, 2), ("dp", "dp")), "repeats a name"),
     (((2, 2), ("dp", "None")), "'None'"),

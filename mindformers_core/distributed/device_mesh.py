@@ -14,34 +14,36 @@ from .process_group import ProcessGroup, new_group
 DimsArg = Union[str, Sequence[str]]
 
 
+def check_mesh_spec(owner: str, shape: Sequence[int], names: Sequence[str],
+                    rank_list: Optional[Sequence[int]]) -> Tuple[Tuple[int, ...], Tuple[str, ...], List[int]]:
+    """Validate a named device grid (sizes, names, ranks); shared by DeviceMesh and Layout."""
+    shape, names = tuple(shape), tuple(names)
+    if len(shape) != len(names):
+        raise ValueError(f"{owner}: shape={shape} has {len(shape)} dims but names={names} has {len(names)}")
+    for n, s in zip(names, shape):
+        if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+            raise ValueError(f"{owner}: size of dim {n!r} is {s!r}; must be a positive integer")
+        if not isinstance(n, str) or not n or n == "None":
+            raise ValueError(f"{owner}: dim name {n!r} must be a non-empty string other than 'None'")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{owner}: names={names} repeats a name")
+    size = 1
+    for s in shape:
+        size *= s
+    ranks = list(range(size)) if rank_list is None else [int(r) for r in rank_list]
+    if len(ranks) != size:
+        raise ValueError(f"{owner}: rank_list has {len(ranks)} ranks but shape={shape} needs {size}")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"{owner}: rank_list={ranks} contains duplicates")
+    return shape, names, ranks
+
+
 class DeviceMesh:
     """``DeviceMesh((2, 2), ("dp", "tp"))``: 4 ranks; ``mesh["tp"]`` is this rank's tp row."""
 
     def __init__(self, shape: Sequence[int], dim_names: Sequence[str],
                  rank_list: Optional[Sequence[int]] = None, rank: Optional[int] = None) -> None:
-        shape = tuple(shape)
-        dim_names = tuple(dim_names)
-        if len(shape) != len(dim_names):
-            raise ValueError(f"DeviceMesh: shape={shape} has {len(shape)} dims but dim_names="
-                             f"{dim_names} has {len(dim_names)}")
-        for n, s in zip(dim_names, shape):
-            if not isinstance(s, int) or isinstance(s, bool) or s < 1:
-                raise ValueError(f"DeviceMesh: size of dim {n!r} is {s!r}; must be a positive integer")
-            if not isinstance(n, str) or not n or n == "None":
-                raise ValueError(f"DeviceMesh: dim name {n!r} must be a non-empty string other than 'None'")
-        if len(set(dim_names)) != len(dim_names):
-            raise ValueError(f"DeviceMesh: dim_names={dim_names} repeats a name")
-        size = 1
-        for s in shape:
-            size *= s
-        if rank_list is None:
-            rank_list = list(range(size))
-        rank_list = [int(r) for r in rank_list]
-        if len(rank_list) != size:
-            raise ValueError(f"DeviceMesh: rank_list has {len(rank_list)} ranks but shape={shape} "
-                             f"needs {size}")
-        if len(set(rank_list)) != len(rank_list):
-            raise ValueError(f"DeviceMesh: rank_list={rank_list} contains duplicates")
+        shape, dim_names, rank_list = check_mesh_spec("DeviceMesh", shape, dim_names, rank_list)
         self.shape: Tuple[int, ...] = shape
         self.dim_names: Tuple[str, ...] = dim_names
         self.rank_list: Tuple[int, ...] = tuple(rank_list)

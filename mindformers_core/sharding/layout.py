@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from ..distributed.device_mesh import check_mesh_spec
+
 NONE = "None"
 Entry = Union[str, Tuple[str, ...]]
 
@@ -56,25 +58,7 @@ class Layout:
 
     def __init__(self, device_matrix: Sequence[int], alias_name: Sequence[str],
                  rank_list: Optional[Sequence[int]] = None) -> None:
-        device_matrix, alias_name = tuple(device_matrix), tuple(alias_name)
-        if len(device_matrix) != len(alias_name):
-            raise ValueError(f"Layout: device_matrix={device_matrix} has {len(device_matrix)} axes but "
-                             f"alias_name={alias_name} has {len(alias_name)}")
-        for size in device_matrix:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise ValueError(f"Layout: device_matrix={device_matrix} must hold positive integers")
-        for name in alias_name:
-            if not isinstance(name, str) or not name or name == NONE:
-                raise ValueError(f"Layout: alias {name!r} must be a non-empty string other than 'None'")
-        if len(set(alias_name)) != len(alias_name):
-            raise ValueError(f"Layout: alias_name={alias_name} repeats a name")
-        size = 1
-        for s in device_matrix:
-            size *= s
-        ranks = list(range(size)) if rank_list is None else [int(r) for r in rank_list]
-        if len(ranks) != size:
-            raise ValueError(f"Layout: rank_list has {len(ranks)} ranks but device_matrix={device_matrix} "
-                             f"needs {size}")
+        device_matrix, alias_name, ranks = check_mesh_spec("Layout", device_matrix, alias_name, rank_list)
         self.device_matrix: Tuple[int, ...] = device_matrix
         self.alias_name: Tuple[str, ...] = alias_name
         self.rank_list: List[int] = ranks
