@@ -28,19 +28,23 @@ def random_layout(rng, device_matrix, alias, ndim, allow_partial):
 
 
 def shards_of(layout, global_array, rng):
-    """Per-rank shards of ``global_array``; partial axes hold random addends summing to it."""
-    shards = {r: global_array[layout.local_slice(global_array.shape, r)].copy() for r in layout.rank_list}
+    """Per-rank shards of ``global_array``. Partial axes hold random addends that sum to it; the
+    addends depend only on the partial coordinates, so replicas stay identical."""
+    addends = {}
     if layout.partial:
-        groups = {}
-        for r in layout.rank_list:
+        combos = [()]
+        for a in layout.partial:
+            combos = [c + (i,) for c in combos for i in range(layout.axis_size(a))]
+        for combo in combos[1:]:
+            addends[combo] = rng.standard_normal(global_array.shape)
+        addends[combos[0]] = global_array - sum(addends.values())
+    shards = {}
+    for r in layout.rank_list:
+        source = global_array
+        if layout.partial:
             c = layout.coordinate(r)
-            key = tuple(v for k, v in c.items() if k not in layout.partial)
-            groups.setdefault(key, []).append(r)
-        for members in groups.values():
-            noise = [rng.standard_normal(shards[members[0]].shape) for _ in members[1:]]
-            for r, z in zip(members[1:], noise):
-                shards[r] = z
-            shards[members[0]] = shards[members[0]] - sum(noise)
+            source = addends[tuple(c[a] for a in layout.partial)]
+        shards[r] = source[layout.local_slice(global_array.shape, r)].copy()
     return shards
 
 

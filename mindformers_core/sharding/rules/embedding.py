@@ -1,0 +1,58 @@
+"""gather / embedding lookup: ``out = table[ids]`` along the table's ``axis``.
+
+Output dims: the table's dims before ``axis``, then the ids' dims, then the table's dims after.
+Those keep the sharding of where they come from (hidden-sharded table -> hidden-sharded output,
+batch/sequence-sharded ids -> sharded rows). A table split along the looked-up (vocab) dim gives
+the vocab-parallel lookup: each rank looks up only ids inside its slice of the vocabulary
+(offset by the slice start) and writes zeros for the others, so the output is partial (sum) over
+the vocab axes; ``result.local`` names that kernel. If the ids use an axis the table needs, the
+ids (small integers) are gathered rather than the table. Partial ids or tables are reduced.
+"""
+from __future__ import annotations
+
+from .common import assign, cheapest, expect_inputs, make_layout, mesh_of, norm_axis
+from .registry import LocalKernel, RuleResult, register_rule
+
+
+def lookup(table, ids, tshape, ishape, axis):
+    """``(required table, required ids, output, local kernel or None)``."""
+    mesh = mesh_of((table, ids))
+    nt, ni = len(tshape), len(ishape)
+    t_slots = [d if d < axis else (None if d == axis else d - 1 + ni) for d in range(nt)]
+    i_slots = [axis + k for k in range(ni)]
+
+    def claims(layout, slots):
+        return [] if layout is None else [(s, layout.dims[d]) for d, s in enumerate(slots) if s is not None]
+
+    candidates = []
+    vocab_options = [table.dims[axis], ()] if table is not None and table.dims[axis] else [()]
+    for vocab in vocab_options:
+        for order in ((table, t_slots), (ids, i_slots)), ((ids, i_slots), (table, t_slots)):
+            dims = assign(nt - 1 + ni, claims(*order[0]) + claims(*order[1]), reserved=vocab)
+            req_t = make_layout(mesh, [vocab if s is None else dims[s] for s in t_slots])
+            req_i = make_layout(mesh, [dims[s] for s in i_slots])
+            candidates.append(((req_t, req_i), make_layout(mesh, dims, {a: "sum" for a in vocab}), vocab))
+    (req_t, req_i), out, vocab = cheapest(candidates, (table, ids), (tshape, ishape))
+    kernel = None
+    if vocab:
+        kernel = LocalKernel("vocab_parallel_lookup", {"vocab_axes": vocab, "vocab_dim": axis,
+                                                       "vocab_size": tshape[axis],
+                                                       "local_vocab_size": req_t.local_shape(tshape)[axis]})
+    return req_t, req_i, out, kernel
+
+
+@register_rule("gather")
+def gather(layouts, shapes, *, axis=0):
+    """``gather(params, indices, axis)`` (MindSpore's argument order)."""
+    expect_inputs(layouts, 2)
+    a = norm_axis(axis, len(shapes[0]))
+    req_t, req_i, out, kernel = lookup(layouts[0], layouts[1], shapes[0], shapes[1], a)
+    return RuleResult((out,), (req_t, req_i), kernel)
+
+
+@register_rule("embedding")
+def embedding(layouts, shapes, *, padding_idx=None):
+    """``embedding(ids, weight)`` with weight ``(vocab, hidden)``."""
+    expect_inputs(layouts, 2)
+    req_t, req_i, out, kernel = lookup(layouts[1], layouts[0], shapes[1], shapes[0], 0)
+    return RuleResult((out,), (req_i, req_t), kernel)
