@@ -1,0 +1,23 @@
+"""Pipeline parallelism, schedules as data: build, validate, simulate and draw exec orders.
+
+Pure Python (no MindSpore, no process group). Executing an order needs the pipeline runtime,
+which is not here yet; see docs/pipeline.md.
+"""
+from .communication import add_communication
+from .costs import StepCosts
+from .errors import DeadlockError, ScheduleError
+from .meta_step import MetaStep, MetaStepType
+from .replay import StepTiming
+from .schedule import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
+from .schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
+                        ScheduleZeroBubbleV)
+from .simulator import Timeline, simulate
+from .stage import StageInfo, stage_placement, stages_of_rank
+from .validator import validate_schedule
+from .visualizer import render_text, to_chrome_trace
+
+__all__ = ["DeadlockError", "MetaStep", "MetaStepType", "PipelineScheduleBase", "PipelineScheduleMulti",
+           "PipelineScheduleSingle", "Schedule1F1B", "ScheduleError", "ScheduleGPipe",
+           "ScheduleInterleaved1F1B", "ScheduleZeroBubbleH1", "ScheduleZeroBubbleV", "StageInfo",
+           "StepCosts", "StepTiming", "Timeline", "add_communication", "render_text", "simulate",
+           "stage_placement", "stages_of_rank", "to_chrome_trace", "validate_schedule"]

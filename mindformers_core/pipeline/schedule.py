@@ -1,0 +1,109 @@
+"""Schedule base classes: a schedule is the data ``exec_order[rank] = [MetaStep, ...]``.
+
+A subclass only implements ``construct_exec_order()``, filling ``self.exec_order`` for *every*
+pipeline rank (each rank builds the same global order, so the validator can check that sends and
+receives meet). The constructor validates the result, so a broken schedule is rejected when it is
+built, naming the rank and step, before any process group or model exists.
+
+Executing an order (splitting the batch into microbatches, running the stages, point-to-point
+transfers, gradient accumulation) is the job of the pipeline runtime, which is not part of this
+package yet: ``run`` and ``run_microbatches`` say so instead of pretending.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+from .meta_step import MetaStep
+from .stage import PlacementSpec, stage_placement
+from .validator import validate_schedule
+
+
+class PipelineScheduleBase:
+    """Common part of every schedule.
+
+    ``stages`` are the stages this rank runs (objects with ``stage_index`` and ``stage_num``, such
+    as ``StageInfo``); ``placement`` maps stages to ranks (see ``stage.stage_placement``).
+    Attributes for ``construct_exec_order``: ``stages``, ``stage_num``, ``pp_size``,
+    ``stages_per_rank``, ``placement`` (rank of each stage), ``rank``, ``micro_batch_num`` and
+    ``exec_order`` (an empty dict to fill, keyed by pipeline rank).
+    """
+
+    def __init__(self, stages: Sequence, micro_batch_num: int,
+                 placement: PlacementSpec = "interleaved") -> None:
+        name = type(self).__name__
+        stages = list(stages)
+        if not stages:
+            raise ValueError(f"{name}: stages is empty; pass the stage(s) this rank runs")
+        for st in stages:
+            if not all(isinstance(getattr(st, a, None), int) for a in ("stage_index", "stage_num")):
+                raise TypeError(f"{name}: stage {st!r} needs integer attributes stage_index and "
+                                "stage_num (use StageInfo or a pipeline stage)")
+        stage_num = stages[0].stage_num
+        if any(st.stage_num != stage_num for st in stages):
+            raise ValueError(f"{name}: the stages disagree on stage_num "
+                             f"({sorted({st.stage_num for st in stages})})")
+        if not isinstance(micro_batch_num, int) or isinstance(micro_batch_num, bool) or micro_batch_num < 1:
+            raise ValueError(f"{name}: micro_batch_num={micro_batch_num!r} must be a positive integer")
+        if stage_num % len(stages):
+            raise ValueError(f"{name}: {len(stages)} stages per rank do not divide "
+                             f"stage_num={stage_num}; every rank must hold the same number of stages")
+        indices = sorted(st.stage_index for st in stages)
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"{name}: stages {indices} repeat a stage index")
+        self.stages = sorted(stages, key=lambda st: st.stage_index)
+        self.stage_num = stage_num
+        self.stages_per_rank = len(stages)
+        self.pp_size = stage_num // len(stages)
+        self.placement = stage_placement(placement, self.pp_size, self.stages_per_rank)
+        ranks = {self.placement[s] for s in indices}
+        if len(ranks) != 1:
+            wants = {r: [s for s, q in enumerate(self.placement) if q == r] for r in sorted(ranks)}
+            raise ValueError(f"{name}: stages {indices} are not the stages of one rank under placement "
+                             f"{placement!r} (pp_size={self.pp_size}); ranks hold {wants}")
+        self.rank = ranks.pop()
+        self.micro_batch_num = micro_batch_num
+        self.exec_order: Dict[int, List[MetaStep]] = {}
+        self.construct_exec_order()
+        validate_schedule(self.exec_order, self.stage_num, self.micro_batch_num, self.placement)
+
+    def construct_exec_order(self) -> None:
+        """Fill ``self.exec_order[rank]`` for every pipeline rank."""
+        raise NotImplementedError(f"{type(self).__name__} must implement construct_exec_order()")
+
+    @property
+    def local_order(self) -> List[MetaStep]:
+        """The steps this rank executes."""
+        return self.exec_order[self.rank]
+
+    def run_microbatches(self, *args, **kwargs):
+        raise RuntimeError(f"{type(self).__name__}.run_microbatches: no pipeline runtime is attached; "
+                           "this package builds, validates and simulates exec orders, execution is "
+                           "not implemented yet (see docs/pipeline.md)")
+
+    def run(self, *args, **kwargs):
+        raise RuntimeError(f"{type(self).__name__}.run: no pipeline runtime is attached; this package "
+                           "builds, validates and simulates exec orders, execution is not implemented "
+                           "yet (see docs/pipeline.md)")
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(pp_size={self.pp_size}, stages_per_rank={self.stages_per_rank}, "
+                f"micro_batch_num={self.micro_batch_num}, rank={self.rank})")
+
+
+class PipelineScheduleSingle(PipelineScheduleBase):
+    """One stage per rank: ``self.stage`` is this rank's stage and ``exec_order`` is keyed by the
+    stage index, which equals the pipeline rank."""
+
+    def __init__(self, stage, micro_batch_num: int) -> None:
+        self.stage = stage
+        super().__init__([stage], micro_batch_num, placement="interleaved")
+
+
+class PipelineScheduleMulti(PipelineScheduleBase):
+    """Several (virtual) stages per rank: ``exec_order`` is keyed by pipeline rank and each
+    MetaStep carries the global index of its virtual stage. ``placement`` is ``"interleaved"``
+    (stage s on rank s % pp), ``"v"`` (V shape) or an explicit rank per stage."""
+
+    def __init__(self, stages: Sequence, micro_batch_num: int,
+                 placement: PlacementSpec = "interleaved") -> None:
+        super().__init__(stages, micro_batch_num, placement)

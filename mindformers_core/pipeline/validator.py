@@ -1,0 +1,192 @@
+"""Check an exec order before anything runs; a broken schedule fails here, naming rank and step.
+
+Rules, in the order they are checked (the ``rule`` of the raised ScheduleError):
+
+* ``input``     the arguments themselves (sizes, placement, step objects);
+* ``placement`` every step runs on the rank that holds its stage; stages exist; microbatches exist;
+* ``unique``    no step appears twice;
+* ``neighbour`` sends/receives connect stages on different ranks, handoffs stages on one rank;
+* ``matching``  every send has its receive on the neighbour's rank and vice versa;
+* ``complete``  every (microbatch, stage) has one FWD and one BWD, or one BWD_INPUT and one
+  BWD_WEIGHT; every stage boundary of every microbatch has its transfer;
+* ``order``     within a rank, a step comes after what it needs: a forward after its input arrived,
+  a send after the step producing the data, a backward after its forward and after its output
+  gradient arrived, a weight gradient after the input gradient. Across ranks these chains plus
+  the rendezvous give: FWD of stage s after FWD of s-1, BWD of s after BWD of s+1;
+* ``deadlock``  replaying blocking sends/receives (see ``replay``), every rank finishes.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import ScheduleError
+from .meta_step import MetaStep, MetaStepType as T
+from .replay import replay
+from .stage import PlacementSpec, stage_placement
+
+
+def _positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ScheduleError("input", f"{name}={value!r} must be a positive integer")
+
+
+def _resolve_placement(placement: Optional[PlacementSpec], ranks: Sequence[int],
+                       stage_num: int) -> Tuple[int, ...]:
+    if placement is None:                                   # one stage per rank: stage s on rank s
+        return tuple(range(stage_num))
+    if isinstance(placement, str):
+        pp = len(ranks)
+        if pp == 0 or stage_num % pp:
+            raise ScheduleError("input", f"placement={placement!r} needs stage_num={stage_num} to be a "
+                                f"multiple of the number of ranks in exec_order ({pp})")
+        try:
+            return stage_placement(placement, pp, stage_num // pp)
+        except ValueError as e:
+            raise ScheduleError("input", str(e)) from None
+    ranks_of = tuple(placement)
+    if len(ranks_of) != stage_num:
+        raise ScheduleError("input", f"placement={list(ranks_of)} gives {len(ranks_of)} ranks; it needs "
+                            f"one rank per stage (stage_num={stage_num})")
+    return ranks_of
+
+
+def _expected_transfers(m: int, s: int, stage_num: int, rank_of: Sequence[int]) -> List[MetaStep]:
+    """The steps that move microbatch m's data out of stage s (forward and backward)."""
+    out = []
+    for nxt, send, recv, hand in ((s + 1, T.FWD_SEND, T.FWD_RECV, T.FWD_HANDOFF),
+                                  (s - 1, T.BWD_SEND, T.BWD_RECV, T.BWD_HANDOFF)):
+        if 0 <= nxt < stage_num:
+            if rank_of[nxt] == rank_of[s]:
+                out.append(MetaStep(m, hand, s))
+            else:
+                out += [MetaStep(m, send, s), MetaStep(m, recv, nxt)]
+    return out
+
+
+def _requirements(step: MetaStep, stage_num: int, rank_of: Sequence[int],
+                  present: Dict[MetaStep, Tuple[int, int]]) -> List[Tuple[MetaStep, str]]:
+    """What must come earlier on the same rank, with the reason (for the error message)."""
+    m, s, t = step.micro_index, step.stage_index, step.type
+    local_prev = s > 0 and rank_of[s - 1] == rank_of[s]
+    local_next = s < stage_num - 1 and rank_of[s + 1] == rank_of[s]
+    backward = MetaStep(m, T.BWD, s) if MetaStep(m, T.BWD, s) in present else MetaStep(m, T.BWD_INPUT, s)
+    if t is T.FWD:
+        if s == 0:
+            return []
+        src = MetaStep(m, T.FWD_HANDOFF, s - 1) if local_prev else MetaStep(m, T.FWD_RECV, s)
+        return [(src, "a forward needs its input from the previous stage first")]
+    if t in (T.FWD_SEND, T.FWD_HANDOFF):
+        return [(MetaStep(m, T.FWD, s), "an activation is passed on only after its forward")]
+    if t in (T.BWD, T.BWD_INPUT):
+        needs = [(MetaStep(m, T.FWD, s), "a backward comes after its forward")]
+        if s < stage_num - 1:
+            src = MetaStep(m, T.BWD_HANDOFF, s + 1) if local_next else MetaStep(m, T.BWD_RECV, s)
+            needs.append((src, "a backward needs the output gradient from the next stage first"))
+        return needs
+    if t is T.BWD_WEIGHT:
+        return [(MetaStep(m, T.BWD_INPUT, s), "BWD_WEIGHT comes after BWD_INPUT")]
+    if t in (T.BWD_SEND, T.BWD_HANDOFF):
+        return [(backward, "a gradient is passed on only after the backward producing it")]
+    return []
+
+
+def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: int,
+                      micro_batch_num: int, placement: Optional[PlacementSpec] = None) -> None:
+    """Raise ScheduleError (DeadlockError for a deadlock) if ``exec_order`` cannot run correctly.
+
+    ``placement`` gives the rank of each stage: None for one stage per rank (stage s on rank s),
+    ``"interleaved"``/``"v"`` (with ``len(exec_order)`` ranks), or an explicit sequence.
+    """
+    if not isinstance(exec_order, Mapping):
+        raise ScheduleError("input", f"exec_order must be a dict rank -> list of MetaStep, "
+                            f"got {type(exec_order).__name__}")
+    _positive("stage_num", stage_num)
+    _positive("micro_batch_num", micro_batch_num)
+    rank_of = _resolve_placement(placement, list(exec_order), stage_num)
+    for s, r in enumerate(rank_of):
+        if r not in exec_order:
+            raise ScheduleError("input", f"stage {s} lives on rank {r} (placement), but exec_order has "
+                                f"no list for rank {r}; it has ranks {sorted(exec_order)}")
+
+    present: Dict[MetaStep, Tuple[int, int]] = {}
+    for rank, steps in exec_order.items():
+        for i, step in enumerate(steps):
+            if not isinstance(step, MetaStep):
+                raise ScheduleError("input", f"{step!r} is a {type(step).__name__}, not a MetaStep",
+                                    rank=rank, index=i)
+            where = dict(rank=rank, index=i, step=step)
+            if step.stage_index >= stage_num:
+                raise ScheduleError("placement", f"stage {step.stage_index} does not exist "
+                                    f"(stage_num={stage_num})", **where)
+            if step.micro_index >= micro_batch_num:
+                raise ScheduleError("placement", f"microbatch {step.micro_index} does not exist "
+                                    f"(micro_batch_num={micro_batch_num})", **where)
+            if rank_of[step.stage_index] != rank:
+                raise ScheduleError("placement", f"stage {step.stage_index} lives on rank "
+                                    f"{rank_of[step.stage_index]}, not on rank {rank}", **where)
+            if step in present:
+                raise ScheduleError("unique", f"appears twice (first at rank {present[step][0]} step "
+                                    f"{present[step][1]})", **where)
+            present[step] = (rank, i)
+            nxt = step.neighbour_stage
+            if nxt is not None:
+                if not 0 <= nxt < stage_num:
+                    raise ScheduleError("neighbour", f"{step.type.name} talks to stage {nxt}, which does "
+                                        f"not exist (stages 0..{stage_num - 1})", **where)
+                same = rank_of[nxt] == rank
+                if step.type.is_handoff and not same:
+                    raise ScheduleError("neighbour", f"stage {nxt} is on rank {rank_of[nxt]}: a "
+                                        f"handoff only joins stages of one rank; use send/recv", **where)
+                if step.type.is_p2p and same:
+                    raise ScheduleError("neighbour", f"stage {nxt} is on the same rank: use "
+                                        f"{'FWD' if step.type.name.startswith('FWD') else 'BWD'}_HANDOFF, "
+                                        "not a send/recv to itself", **where)
+
+    for step, (rank, i) in present.items():
+        if step.type.is_p2p and step.peer() not in present:
+            raise ScheduleError("matching", f"no matching {step.peer()!r} on rank "
+                                f"{rank_of[step.peer().stage_index]}", rank=rank, index=i, step=step)
+
+    for s in range(stage_num):
+        rank = rank_of[s]
+        for m in range(micro_batch_num):
+            full, split = MetaStep(m, T.BWD, s), (MetaStep(m, T.BWD_INPUT, s), MetaStep(m, T.BWD_WEIGHT, s))
+            if full in present and any(x in present for x in split):
+                other = next(x for x in split if x in present)
+                raise ScheduleError("complete", f"microbatch {m} of stage {s} has both a full backward "
+                                    f"and a split one ({other!r}); use one or the other",
+                                    rank=rank, index=present[full][1], step=full)
+            backward = [full] if full in present or not any(x in present for x in split) else list(split)
+            for need in [MetaStep(m, T.FWD, s)] + backward + _expected_transfers(m, s, stage_num, rank_of):
+                if need not in present:
+                    raise ScheduleError("complete", f"missing {need!r} on rank {rank_of[need.stage_index]}"
+                                        f" (microbatch {m}, stage {s})")
+
+    for rank, steps in exec_order.items():
+        seen = set()
+        for i, step in enumerate(steps):
+            for need, why in _requirements(step, stage_num, rank_of, present):
+                if need not in seen:
+                    raise ScheduleError("order", f"needs {need!r} earlier on rank {rank}: {why}",
+                                        rank=rank, index=i, step=step)
+            seen.add(step)
+
+    replay(exec_order, duration=lambda step: 1.0)
+
+
+def describe_exec_order(exec_order: Mapping[int, Sequence[MetaStep]]) -> Tuple[int, int, Tuple[int, ...]]:
+    """(stage_num, micro_batch_num, placement) read off an exec order, for checking an order that
+    came without its schedule. A stage is placed on the rank where its steps appear."""
+    rank_of: Dict[int, int] = {}
+    micro = 0
+    for rank, steps in exec_order.items():
+        for step in steps:
+            rank_of.setdefault(step.stage_index, rank)
+            micro = max(micro, step.micro_index + 1)
+    if not rank_of:
+        raise ScheduleError("input", "exec_order has no steps")
+    stage_num = max(rank_of) + 1
+    missing = [s for s in range(stage_num) if s not in rank_of]
+    if missing:
+        raise ScheduleError("complete", f"stages {missing} have no steps on any rank")
+    return stage_num, micro, tuple(rank_of[s] for s in range(stage_num))
