@@ -225,13 +225,11 @@ def test_broken_custom_schedule_is_rejected_at_construction():
         Nothing(StageInfo(0, 1), 1)
 
 
-def test_execution_is_not_faked():
+def test_schedule_of_stage_infos_cannot_run():
     sched = Schedule1F1B(StageInfo(0, 2), 2)
     assert sched.local_order == sched.exec_order[0]
-    with pytest.raises(RuntimeError, match=r"Schedule1F1B.run: no pipeline runtime is attached"):
+    with pytest.raises(TypeError, match=r"is not a PipelineStage"):
         sched.run(None)
-    with pytest.raises(RuntimeError, match=r"run_microbatches: no pipeline runtime is attached"):
-        sched.run_microbatches([None])
 
 
 # --- validator: each rule with its message -----------------------------------------------------

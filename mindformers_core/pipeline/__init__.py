@@ -1,7 +1,7 @@
 """Pipeline parallelism, schedules as data: build, validate, simulate and draw exec orders.
 
-Pure Python (no MindSpore, no process group). Executing an order needs the pipeline runtime,
-which is not here yet; see docs/pipeline.md.
+Schedules, validator and simulator are pure Python; `runtime` executes orders with MindSpore.
+See docs/pipeline.md.
 """
 from .communication import add_communication
 from .costs import StepCosts

@@ -6,8 +6,8 @@ receives meet). The constructor validates the result, so a broken schedule is re
 built, naming the rank and step, before any process group or model exists.
 
 Executing an order (splitting the batch into microbatches, running the stages, point-to-point
-transfers, gradient accumulation) is the job of the pipeline runtime, which is not part of this
-package yet: ``run`` and ``run_microbatches`` say so instead of pretending.
+transfers, gradient accumulation) is the job of ``runtime.PipelineRuntime``; ``run`` and
+``run_microbatches`` delegate to it when the stages are ``PipelineStage`` objects.
 """
 from __future__ import annotations
 
@@ -75,15 +75,23 @@ class PipelineScheduleBase:
         """The steps this rank executes."""
         return self.exec_order[self.rank]
 
-    def run_microbatches(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__}.run_microbatches: no pipeline runtime is attached; "
-                           "this package builds, validates and simulates exec orders, execution is "
-                           "not implemented yet (see docs/pipeline.md)")
+    def runtime(self, mode: str = "pynative"):
+        """The :class:`~.runtime.PipelineRuntime` executing this schedule (stages must be
+        ``PipelineStage`` objects; a schedule of ``StageInfo`` can only be validated and simulated)."""
+        from .runtime import PipelineRuntime  # the runtime needs MindSpore; schedules do not
+        cache = self.__dict__.setdefault("_runtimes", {})
+        if mode not in cache:
+            cache[mode] = PipelineRuntime(self, mode)
+        return cache[mode]
 
-    def run(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__}.run: no pipeline runtime is attached; this package "
-                           "builds, validates and simulates exec orders, execution is not implemented "
-                           "yet (see docs/pipeline.md)")
+    def run_microbatches(self, micro_inputs=None, micro_labels=None, mode: str = "pynative"):
+        """Execute the local order on pre-split microbatches; see ``PipelineRuntime.run_microbatches``."""
+        return self.runtime(mode).run_microbatches(micro_inputs, micro_labels)
+
+    def run(self, inputs=None, labels=None, mode: str = "pynative"):
+        """Split the batch into ``micro_batch_num`` microbatches (dim 0) and run one step: returns
+        the loss on the last stage's rank (None elsewhere); gradients are in ``stage.grads``."""
+        return self.runtime(mode).run(inputs, labels)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(pp_size={self.pp_size}, stages_per_rank={self.stages_per_rank}, "

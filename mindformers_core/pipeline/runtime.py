@@ -1,0 +1,237 @@
+"""Execute any exec order: stage Cells, microbatches, point-to-point transfers, gradients.
+
+One loop runs ``schedule.local_order``. Data between steps lives in two tables keyed like the
+validator's data model: ``acts[(m, s)]`` is stage ``s``'s output for microbatch ``m`` and
+``grads[(m, s)]`` the gradient w.r.t. stage ``s``'s input. Sends and receives move entries of those
+tables between ranks (``distributed.comm.send/recv``, synchronised: the validator assumes blocking
+point-to-point); handoffs between stages on one rank need no transfer.
+
+The last stage's loss is divided by ``micro_batch_num`` and weight gradients are summed over
+microbatches, so the result equals one step on the whole batch. The backward of a microbatch is a
+gradient function with the received gradient as sensitivity, which recomputes the stage forward
+from the saved stage input: the same code in PyNative and under ``mode="jit"`` (compiled), and
+only stage inputs are held between forward and backward. (``ms.vjp`` closures would avoid the
+recompute in PyNative, but MindSpore 2.10 rejects several outstanding ones: "Can not find top
+cell for backward".) Split backward (BWD_INPUT / BWD_WEIGHT) uses separate input- and
+weight-gradient functions.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import ParameterTuple, Tensor, nn, ops
+
+from ..distributed import comm
+from ..distributed.env import get_env
+from .meta_step import MetaStep, MetaStepType as T
+
+_META_LEN = 10  # ndim + up to 8 dims + dtype code, sent once per stage boundary
+_DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.int32, ms.int64)
+
+
+class PipelineStage:
+    """A stage's Cell, its index, the stage count and the global rank of every pipeline rank.
+
+    ``pp_ranks[i]`` is the global rank of pipeline rank ``i`` (default: the world, in order). The last
+    stage needs ``loss_fn(output, label) -> scalar``.
+    """
+
+    def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
+                 pp_ranks: Optional[Sequence[int]] = None, loss_fn: Optional[Callable] = None) -> None:
+        if not isinstance(cell, nn.Cell):
+            raise TypeError(f"PipelineStage: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
+        if not 0 <= stage_index < stage_num:
+            raise ValueError(f"PipelineStage: stage_index={stage_index} must be in [0, {stage_num})")
+        if stage_index == stage_num - 1 and loss_fn is None:
+            raise ValueError(f"PipelineStage: the last stage ({stage_index}) needs loss_fn(output, label)")
+        self.cell, self.stage_index, self.stage_num = cell, stage_index, stage_num
+        self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
+        self.loss_fn = loss_fn
+        self.params = ParameterTuple(cell.trainable_params())
+        self.grads: Optional[Tuple[Tensor, ...]] = None
+        self._fns: Dict[Tuple[str, str], Any] = {}
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.stage_num - 1
+
+    def objective(self, micro_batch_num: int) -> Callable:
+        """Stage function: ``x -> output`` or, on the last stage, ``(x, label) -> loss / m``."""
+        if not self.is_last:
+            return self.cell
+        cell, loss_fn, scale = self.cell, self.loss_fn, 1.0 / micro_batch_num
+
+        def last(x, label):
+            return loss_fn(cell(x), label) * scale
+        return last
+
+    def compiled(self, kind: str, mode: str, micro_batch_num: int):
+        """Forward / backward functions for ``mode`` (built once)."""
+        key = (kind, mode)
+        if key in self._fns:
+            return self._fns[key]
+        fn = self.objective(micro_batch_num)
+        params = self.params
+        if kind == "forward":
+            out = fn
+        elif kind == "backward":
+            out = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(fn, params)
+        elif kind == "input_grad":
+            out = ops.GradOperation(get_all=True, sens_param=True)(fn)
+        elif kind == "weight_grad":
+            out = ops.GradOperation(get_by_list=True, sens_param=True)(fn, params)
+        else:
+            raise ValueError(kind)
+        if mode == "jit":
+            inner = out
+
+            def compiled(*args):
+                return inner(*args)
+            out = ms.jit(compiled)
+        self._fns[key] = out
+        return out
+
+
+def split_microbatches(x, micro_batch_num: int, name: str = "input") -> List[Any]:
+    """Split along dim 0 into equal microbatches (clear error when it does not divide)."""
+    if x is None:
+        return [None] * micro_batch_num
+    if not len(x.shape) or x.shape[0] % micro_batch_num:
+        raise ValueError(f"pipeline: {name} of shape {tuple(x.shape)} cannot be split into "
+                         f"micro_batch_num={micro_batch_num} equal microbatches along dim 0")
+    return list(ops.split(x, x.shape[0] // micro_batch_num, 0))
+
+
+class PipelineRuntime:
+    """Runs one training step of a schedule on this rank's stages."""
+
+    def __init__(self, schedule, mode: str = "pynative") -> None:
+        if mode not in ("pynative", "jit"):
+            raise ValueError(f"PipelineRuntime: mode={mode!r}; valid modes are 'pynative' and 'jit'")
+        stages = {st.stage_index: st for st in schedule.stages}
+        for st in stages.values():
+            if not isinstance(st, PipelineStage):
+                raise TypeError(f"PipelineRuntime: stage {st!r} is not a PipelineStage (a schedule built "
+                                "from StageInfo can be validated and simulated, not run)")
+        self.schedule, self.mode, self.stages = schedule, mode, stages
+        pp_ranks = next(iter(stages.values())).pp_ranks
+        self.pp_ranks = pp_ranks if pp_ranks is not None else list(range(get_env().world_size))
+        if len(self.pp_ranks) != schedule.pp_size:
+            raise ValueError(f"PipelineRuntime: pp_ranks={self.pp_ranks} has {len(self.pp_ranks)} ranks "
+                             f"but the schedule has pp_size={schedule.pp_size}")
+        self._boundary: Dict[int, Tuple[Tuple[int, ...], Any]] = {}  # stage -> (output shape, dtype)
+
+    def _rank_of(self, stage: int) -> int:
+        return self.pp_ranks[self.schedule.placement[stage]]
+
+    # ---- point to point with a one-time shape handshake ---------------------------------------
+    def _send(self, x, stage: int, to_stage: int, announce: bool):
+        dst = self._rank_of(to_stage)
+        if announce:
+            meta = np.zeros((_META_LEN,), np.float32)
+            meta[0] = len(x.shape)
+            meta[1:1 + len(x.shape)] = x.shape
+            meta[-1] = _DTYPES.index(x.dtype)
+            comm.send(Tensor(meta), dst).asnumpy()
+        comm.send(x, dst).asnumpy()
+
+    def _recv(self, from_stage: int, like_shape=None, dtype=None):
+        src = self._rank_of(from_stage)
+        if like_shape is None:
+            meta = comm.recv(Tensor(np.zeros((_META_LEN,), np.float32)), src).asnumpy()
+            ndim = int(meta[0])
+            like_shape, dtype = tuple(int(d) for d in meta[1:1 + ndim]), _DTYPES[int(meta[-1])]
+            self._boundary[from_stage] = (like_shape, dtype)
+        out = comm.recv(ops.zeros(like_shape, dtype), src)
+        out.asnumpy()
+        return out
+
+    def _check_boundary(self, stage: int, x) -> bool:
+        """True the first time stage ``stage`` sends (then the shape is announced)."""
+        known = self._boundary.get(stage)
+        if known is None:
+            self._boundary[stage] = (tuple(x.shape), x.dtype)
+            return True
+        if known != (tuple(x.shape), x.dtype):
+            raise ValueError(f"pipeline: stage {stage} output changed from shape {known[0]} {known[1]} "
+                             f"to {tuple(x.shape)} {x.dtype}; every microbatch must have the same shape")
+        return False
+
+    # ---- one step -------------------------------------------------------------------------------
+    def run(self, inputs=None, labels=None):
+        """Run the schedule once. Rank of stage 0 passes ``inputs``, rank of the last stage
+        ``labels`` (whole batches, split along dim 0). Returns the mean microbatch loss on the last
+        stage's rank, else None; each stage's summed weight gradients are in ``stage.grads``."""
+        m = self.schedule.micro_batch_num
+        has_first, has_last = 0 in self.stages, self.schedule.stage_num - 1 in self.stages
+        return self.run_microbatches(split_microbatches(inputs, m, "inputs") if has_first and inputs is not None else inputs,
+                                     split_microbatches(labels, m, "labels") if has_last and labels is not None else labels)
+
+    def run_microbatches(self, xs=None, ys=None):
+        """``run`` on lists of ``micro_batch_num`` microbatches."""
+        m = self.schedule.micro_batch_num
+        stage_num = self.schedule.stage_num
+        for name, data, needed in (("inputs", xs, 0 in self.stages), ("labels", ys, stage_num - 1 in self.stages)):
+            if needed and (data is None or len(data) != m):
+                raise ValueError(f"pipeline: this rank runs stage {0 if name == 'inputs' else stage_num - 1} "
+                                 f"and needs {m} microbatches of {name}, got "
+                                 f"{'none' if data is None else len(data)}")
+        acts: Dict[Tuple[int, int], Any] = {}
+        grads: Dict[Tuple[int, int], Any] = {}
+        saved: Dict[Tuple[int, int], Any] = {}
+        losses = []
+        for st in self.stages.values():
+            st.grads = tuple(ops.zeros_like(p) for p in st.params)
+        for step in self.schedule.local_order:
+            mb, s, t = step.micro_index, step.stage_index, step.type
+            stage = self.stages.get(s)
+            if t is T.FWD:
+                x = xs[mb] if s == 0 else acts[(mb, s - 1)]
+                args = (x, ys[mb]) if stage.is_last else (x,)
+                saved[(mb, s)] = args
+                out = stage.compiled("forward", self.mode, m)(*args)
+                if stage.is_last:
+                    losses.append(out)
+                acts[(mb, s)] = out
+            elif t in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
+                self._backward(step, stage, saved, acts, grads, m)
+            elif t is T.FWD_SEND:
+                out = acts[(mb, s)]
+                self._send(out, s, s + 1, self._check_boundary(s, out))
+            elif t is T.FWD_RECV:
+                known = self._boundary.get(s - 1)
+                acts[(mb, s - 1)] = self._recv(s - 1, *(known or (None, None)))
+            elif t is T.BWD_SEND:
+                self._send(grads[(mb, s)], s, s - 1, announce=False)
+            elif t is T.BWD_RECV:
+                shape, dtype = tuple(acts[(mb, s)].shape), acts[(mb, s)].dtype
+                grads[(mb, s + 1)] = self._recv(s + 1, shape, dtype)
+            # handoffs: producer and consumer share the tables on this rank
+        return sum(losses[1:], losses[0]) if losses else None
+
+    def _sens(self, step: MetaStep, stage: PipelineStage, acts, grads):
+        mb, s = step.micro_index, step.stage_index
+        if stage.is_last:
+            return ops.ones((), acts[(mb, s)].dtype)
+        return grads[(mb, s + 1)]
+
+    def _backward(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
+        mb, s, t = step.micro_index, step.stage_index, step.type
+        args = saved[(mb, s)]
+        sens = self._sens(step, stage, acts, grads)
+        if t is T.BWD:
+            input_grads, weight_grads = stage.compiled("backward", self.mode, m)(*args, sens)
+            grads[(mb, s)] = input_grads[0]
+            self._accumulate(stage, weight_grads)
+            saved.pop((mb, s), None)
+        elif t is T.BWD_INPUT:
+            grads[(mb, s)] = stage.compiled("input_grad", self.mode, m)(*args, sens)[0]
+        else:  # BWD_WEIGHT
+            self._accumulate(stage, stage.compiled("weight_grad", self.mode, m)(*args, sens))
+            saved.pop((mb, s), None)
+
+    @staticmethod
+    def _accumulate(stage: PipelineStage, weight_grads):
+        stage.grads = tuple(a + g for a, g in zip(stage.grads, weight_grads))

@@ -1,0 +1,38 @@
+"""Pipeline runtime in one process (one stage holding the whole model): every schedule kind gives
+the whole-batch gradients in PyNative and jit; bad input is rejected with clear errors."""
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from mindformers_core import pipeline as pp
+from mindformers_core.pipeline.runtime import PipelineStage
+from tests.bodies.pipeline_body import _data, _layers, _sgd, loss_fn, reference
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+@pytest.mark.parametrize("schedule", [pp.ScheduleGPipe, pp.Schedule1F1B, pp.ScheduleZeroBubbleH1])
+def test_single_stage_matches_whole_batch(schedule, mode):
+    stage = PipelineStage(nn.SequentialCell(_layers()), 0, 1, loss_fn=loss_fn)
+    sched = schedule(stage, 4)
+    losses = []
+    for step in range(2):
+        losses.append(float(sched.run(*_data(step), mode=mode).asnumpy()))
+        _sgd(stage.params, stage.grads)
+    ref_losses, ref_params = reference(2)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for p, ref in zip(stage.params, ref_params):
+        np.testing.assert_allclose(p.asnumpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_input():
+    stage = PipelineStage(nn.SequentialCell(_layers()), 0, 1, loss_fn=loss_fn)
+    sched = pp.Schedule1F1B(stage, 3)
+    x, y = _data(0)  # batch 8 does not split into 3
+    with pytest.raises(ValueError, match=r"inputs of shape \(8, 16\) cannot be split into micro_batch_num=3"):
+        sched.run(x, y)
+    with pytest.raises(ValueError, match="needs 3 microbatches of labels, got none"):
+        sched.run_microbatches([x] * 3, None)
+    with pytest.raises(ValueError, match="the last stage \\(1\\) needs loss_fn"):
+        PipelineStage(nn.Dense(2, 2), 1, 2)
+    with pytest.raises(ValueError, match="mode='graph'"):
+        sched.run(x, y, mode="graph")
