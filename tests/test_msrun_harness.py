@@ -1,5 +1,4 @@
 """The msrun harness: results per rank, failures with every rank's log, deadlines, no orphans."""
-import os
 import time
 
 import psutil

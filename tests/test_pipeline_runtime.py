@@ -2,7 +2,7 @@
 the whole-batch gradients in PyNative and jit; bad input is rejected with clear errors."""
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
+from mindspore import nn
 
 from mindformers_core import pipeline as pp
 from mindformers_core.pipeline.runtime import PipelineStage

@@ -1,7 +1,5 @@
 """Redistribution plans: NumPy execution equals slicing the global array for the target layout
 (hundreds of random layout pairs on 2-D and 3-D meshes), and each transition's cheapest plan."""
-import itertools
-
 import numpy as np
 import pytest
 

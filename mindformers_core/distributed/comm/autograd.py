@@ -5,7 +5,6 @@ definition serves both modes.
 """
 from __future__ import annotations
 
-import mindspore as ms
 from mindspore import nn, ops
 
 from ..process_group import ProcessGroup

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from ..env import get_env
 from ..process_group import ProcessGroup, resolve_group, world_group
 from . import autograd as A
 from . import kernels as K
@@ -147,6 +146,3 @@ def barrier(group: Optional[ProcessGroup] = None) -> None:
     kernel = _cached(("barrier", g.ranks), lambda: K.AllReduceKernel(g, "sum"))
     kernel(ops.ones((1,), ms.float32)).asnumpy()
 
-
-def get_world_size(group: Optional[ProcessGroup] = None) -> int:
-    return resolve_group(group).size if group is not None else get_env().world_size

@@ -135,12 +135,6 @@ class AllReduceKernel(CommCell):
         return stacked.min(axis=0)
 
 
-def _with_dim(shape, dim, size):
-    out = list(shape)
-    out[dim] = size
-    return tuple(out)
-
-
 class AllGatherKernel(CommCell):
     """Concatenate every rank's ``x`` along ``dim`` in group order."""
 
