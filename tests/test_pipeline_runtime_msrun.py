@@ -41,3 +41,22 @@ def test_pp4_1f1b_and_interleaved():
     results = run_msrun("tests.bodies.pipeline_body:run_all", 4, timeout=600,
                         kwargs={"schedules": schedules, "modes": ["pynative", "jit"]})
     _check(results, schedules, ["pynative", "jit"], lambda n: 8 if n == "interleaved" else 4)
+
+
+def test_pp2_with_data_parallel_2():
+    """4 ranks: pipeline pairs [0,2], [1,3]; data-parallel pairs [0,1], [2,3]; a 16-row batch."""
+    results = run_msrun("tests.bodies.pipeline_body:run_with_dp", 4, timeout=600,
+                        kwargs={"schedule": "1f1b", "modes": ["pynative", "jit"]})
+    for mode in ("pynative", "jit"):
+        per_rank = [r[mode] for r in results]
+        assert [r["dp"] for r in per_rank] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+        assert [r["pp"] for r in per_rank] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+        last = [r for r in per_rank if r["stage"] == 1]
+        assert len(last) == 2
+        for r in last:
+            np.testing.assert_allclose(r["losses"], r["ref_losses"], rtol=1e-5, err_msg=mode)
+        for r in per_rank:
+            for key, value in r["params"].items():
+                ref = r["ref_params"][key]
+                err = np.abs(value - ref).max() / np.abs(ref).max()
+                assert err <= 1e-5, f"{mode} layer {key}: relative error {err:.2e}"

@@ -35,11 +35,14 @@ class PipelineStage:
     """A stage's Cell, its index, the stage count and the global rank of every pipeline rank.
 
     ``pp_ranks[i]`` is the global rank of pipeline rank ``i`` (default: the world, in order). The last
-    stage needs ``loss_fn(output, label) -> scalar``.
+    stage needs ``loss_fn(output, label) -> scalar``. With ``dp_group`` (the data-parallel replicas
+    of this stage, each fed its own slice of the global batch) gradients and loss are averaged over
+    the replicas after the last microbatch.
     """
 
     def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
-                 pp_ranks: Optional[Sequence[int]] = None, loss_fn: Optional[Callable] = None) -> None:
+                 pp_ranks: Optional[Sequence[int]] = None, loss_fn: Optional[Callable] = None,
+                 dp_group=None) -> None:
         if not isinstance(cell, nn.Cell):
             raise TypeError(f"PipelineStage: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
         if not 0 <= stage_index < stage_num:
@@ -49,6 +52,7 @@ class PipelineStage:
         self.cell, self.stage_index, self.stage_num = cell, stage_index, stage_num
         self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
         self.loss_fn = loss_fn
+        self.dp_group = dp_group
         self.params = ParameterTuple(cell.trainable_params())
         self.grads: Optional[Tuple[Tensor, ...]] = None
         self._fns: Dict[Tuple[str, str], Any] = {}
@@ -209,7 +213,18 @@ class PipelineRuntime:
                 shape, dtype = tuple(acts[(mb, s)].shape), acts[(mb, s)].dtype
                 grads[(mb, s + 1)] = self._recv(s + 1, shape, dtype)
             # handoffs: producer and consumer share the tables on this rank
-        return sum(losses[1:], losses[0]) if losses else None
+        loss = sum(losses[1:], losses[0]) if losses else None
+        return self._average_over_replicas(loss)
+
+    def _average_over_replicas(self, loss):
+        """Data parallel: mean of gradients (and of the loss) over each stage's replicas."""
+        for st in self.stages.values():
+            if st.dp_group is not None and st.dp_group.size > 1:
+                st.grads = tuple(comm.all_reduce(g, "avg", st.dp_group) for g in st.grads)
+        last = self.stages.get(self.schedule.stage_num - 1)
+        if loss is not None and last.dp_group is not None and last.dp_group.size > 1:
+            loss = comm.all_reduce(loss, "avg", last.dp_group)
+        return loss
 
     def _sens(self, step: MetaStep, stage: PipelineStage, acts, grads):
         mb, s = step.micro_index, step.stage_index

@@ -39,13 +39,13 @@ def _sgd(params, grads, lr=0.1):
         ops.assign(p, p - lr * g)
 
 
-def reference(steps):
+def reference(steps, data=None):
     net = nn.SequentialCell(_layers())
     params = net.trainable_params()
     grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)
     losses = []
     for step in range(steps):
-        loss, grads = grad_fn(*_data(step))
+        loss, grads = grad_fn(*(data or _data)(step))
         losses.append(float(loss.asnumpy()))
         _sgd(params, grads)
     return losses, [p.asnumpy() for p in params]
@@ -88,3 +88,39 @@ def run(schedule, mode, steps=3, micro_batch_num=4):
 
 def run_all(schedules, modes, steps=3, micro_batch_num=4):
     return {(name, mode): run(name, mode, steps, micro_batch_num) for name in schedules for mode in modes}
+
+
+def run_with_dp(schedule, modes, steps=3, micro_batch_num=4):
+    """pp2 x dp2 on 4 ranks via parallel_state; each dp replica trains on half of a 16-row batch."""
+    from mindformers_core.distributed import parallel_state as ps
+    ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+    pp_group, dp_group = ps.get_pipeline_model_parallel_group(), ps.get_data_parallel_group()
+    cls = SCHEDULES[schedule][0]
+    out = {}
+    for mode in modes:
+        layers = _layers()
+        rank = ps.get_pipeline_model_parallel_rank()
+        per_stage = LAYERS // 2
+        stage = PipelineStage(nn.SequentialCell(layers[rank * per_stage:(rank + 1) * per_stage]), rank, 2,
+                              pp_ranks=list(pp_group.ranks), loss_fn=loss_fn, dp_group=dp_group)
+        sched = cls(stage, micro_batch_num)
+        losses = []
+        lo, hi = dp_group.local_rank * BATCH, (dp_group.local_rank + 1) * BATCH
+        for step in range(steps):
+            x, y = _global_data(step)
+            loss = sched.run(x[lo:hi] if rank == 0 else None, y[lo:hi] if rank == 1 else None, mode=mode)
+            losses.append(None if loss is None else float(loss.asnumpy()))
+            _sgd(stage.params, stage.grads)
+        ref_losses, ref_params = reference(steps, data=_global_data)
+        out[mode] = {"losses": losses, "ref_losses": ref_losses, "stage": rank,
+                     "dp": list(dp_group.ranks), "pp": list(pp_group.ranks),
+                     "params": {(rank * per_stage + k // 2, k % 2): p.asnumpy() for k, p in enumerate(stage.params)},
+                     "ref_params": {(i // 2, i % 2): p for i, p in enumerate(ref_params)}}
+    ps.destroy_model_parallel()
+    return out
+
+
+def _global_data(step):
+    rng = np.random.default_rng(200 + step)
+    return (Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)),
+            Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)))
