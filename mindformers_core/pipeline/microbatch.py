@@ -98,7 +98,7 @@ def _children(x, spec, path: str, op: str):
     paths = [f"{path}[{k!r}]" if isinstance(x, dict) else f"{path}[{k}]" for k in keys]
     if spec is None or isinstance(spec, TensorChunkSpec):   # applies to everything below
         return [(k, p, spec) for k, p in zip(keys, paths)]
-    what = f"a {type(x).__name__} with keys {keys}" if isinstance(x, dict) else f"a {type(x).__name__} of {len(x)} items"
+    what = f"a {type(x).__name__} " + (f"with keys {keys}" if isinstance(x, dict) else f"of {len(x)} items")
     if isinstance(x, dict) and isinstance(spec, dict):
         extra = [k for k in spec if k not in x]
         if not extra:

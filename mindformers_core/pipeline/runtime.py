@@ -17,6 +17,7 @@ weight-gradient functions.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -126,6 +127,10 @@ class PipelineRuntime:
             raise ValueError(f"PipelineRuntime: pp_ranks={self.pp_ranks} has {len(self.pp_ranks)} ranks "
                              f"but the schedule has pp_size={schedule.pp_size}")
         self._boundary: Dict[int, Tuple[Tuple[int, ...], Any]] = {}  # stage -> (output shape, dtype)
+        # set ``record = True`` to time every step of the next runs into ``trace`` as
+        # (MetaStep, start, end) in seconds; compute steps then synchronise (for benchmarks)
+        self.record = False
+        self.trace: List[Tuple[MetaStep, float, float]] = []
 
     def _rank_of(self, stage: int) -> int:
         return self.pp_ranks[self.schedule.placement[stage]]
@@ -189,32 +194,50 @@ class PipelineRuntime:
         for st in self.stages.values():
             st.grads = tuple(ops.zeros_like(p) for p in st.params)
         for step in self.schedule.local_order:
-            mb, s, t = step.micro_index, step.stage_index, step.type
-            stage = self.stages.get(s)
-            if t is T.FWD:
-                x = xs[mb] if s == 0 else acts[(mb, s - 1)]
-                args = (x, ys[mb]) if stage.is_last else (x,)
-                saved[(mb, s)] = args
-                out = stage.compiled("forward", self.mode, m)(*args)
-                if stage.is_last:
-                    losses.append(out)
-                acts[(mb, s)] = out
-            elif t in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
-                self._backward(step, stage, saved, acts, grads, m)
-            elif t is T.FWD_SEND:
-                out = acts[(mb, s)]
-                self._send(out, s, s + 1, self._check_boundary(s, out))
-            elif t is T.FWD_RECV:
-                known = self._boundary.get(s - 1)
-                acts[(mb, s - 1)] = self._recv(s - 1, *(known or (None, None)))
-            elif t is T.BWD_SEND:
-                self._send(grads[(mb, s)], s, s - 1, announce=False)
-            elif t is T.BWD_RECV:
-                shape, dtype = tuple(acts[(mb, s)].shape), acts[(mb, s)].dtype
-                grads[(mb, s + 1)] = self._recv(s + 1, shape, dtype)
-            # handoffs: producer and consumer share the tables on this rank
+            start = time.perf_counter() if self.record else 0.0
+            self._execute(step, xs, ys, acts, grads, saved, losses, m)
+            if self.record:
+                self._sync(step, acts, grads)
+                self.trace.append((step, start, time.perf_counter()))
         loss = sum(losses[1:], losses[0]) if losses else None
         return self._average_over_replicas(loss)
+
+    @staticmethod
+    def _sync(step: MetaStep, acts, grads):
+        key = (step.micro_index, step.stage_index)
+        if step.type is T.FWD:
+            acts[key].asnumpy()
+        elif step.type in (T.BWD, T.BWD_INPUT) and key in grads:
+            grads[key].asnumpy()
+        elif step.type is T.BWD_WEIGHT:
+            ms.runtime.synchronize()
+
+    def _execute(self, step: MetaStep, xs, ys, acts, grads, saved, losses, m: int) -> None:
+        """One step of the local order."""
+        mb, s, t = step.micro_index, step.stage_index, step.type
+        stage = self.stages.get(s)
+        if t is T.FWD:
+            x = xs[mb] if s == 0 else acts[(mb, s - 1)]
+            args = (x, ys[mb]) if stage.is_last else (x,)
+            saved[(mb, s)] = args
+            out = stage.compiled("forward", self.mode, m)(*args)
+            if stage.is_last:
+                losses.append(out)
+            acts[(mb, s)] = out
+        elif t in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
+            self._backward(step, stage, saved, acts, grads, m)
+        elif t is T.FWD_SEND:
+            out = acts[(mb, s)]
+            self._send(out, s, s + 1, self._check_boundary(s, out))
+        elif t is T.FWD_RECV:
+            known = self._boundary.get(s - 1)
+            acts[(mb, s - 1)] = self._recv(s - 1, *(known or (None, None)))
+        elif t is T.BWD_SEND:
+            self._send(grads[(mb, s)], s, s - 1, announce=False)
+        elif t is T.BWD_RECV:
+            shape, dtype = tuple(acts[(mb, s)].shape), acts[(mb, s)].dtype
+            grads[(mb, s + 1)] = self._recv(s + 1, shape, dtype)
+        # handoffs: producer and consumer share the tables on this rank
 
     def _average_over_replicas(self, loss):
         """Data parallel: mean of gradients (and of the loss) over each stage's replicas."""

@@ -113,14 +113,13 @@ def _counts_from_lists(num_layers: int, lists: List[List[int]], per_rank: bool, 
         order = [owner for owner, _ in runs]
         for stage in sorted(set(order)):
             if order.count(stage) > 1:
-                raise ValueError(f"stage split: the layers of stage {stage} ('{format_layer_ranges(lists[stage])}') are not consecutive; "
-                                 "a stage holds one run of consecutive layers (with virtual stages give one "
-                                 "entry per pipeline rank instead)")
+                raise ValueError(f"stage split: the layers of stage {stage} ('{format_layer_ranges(lists[stage])}') "
+                                 "are not consecutive; a stage holds one run of consecutive layers (with virtual "
+                                 "stages give one entry per pipeline rank instead)")
         for s, t in zip(order, order[1:]):
             if t < s:
-                raise ValueError(f"stage split: stage {t}'s layers '{format_layer_ranges(lists[t])}' come after stage {s}'s "
-                                 f"'{format_layer_ranges(lists[s])}'; "
-                                 "stages hold layers in model order")
+                raise ValueError(f"stage split: stage {t}'s layers '{format_layer_ranges(lists[t])}' come after "
+                                 f"stage {s}'s '{format_layer_ranges(lists[s])}'; stages hold layers in model order")
         return [len(layers) for layers in lists]
     expected = list(rank_of)
     got = [owner for owner, _ in runs]
@@ -235,6 +234,9 @@ def split_model(model, stage_index: int, stage_num: int, layers_attr: str = "lay
                          f"sub-cells are {list(model.name_cells())}")
     n = len(layers)
     if layer_ids is None:
+        if n % stage_num:
+            raise ValueError(f"split_model: model.{layers_attr} has {n} layers, not divisible by stage_num="
+                             f"{stage_num}; pass layer_ids (e.g. from layers_of_stage(..., layers_per_stage=...))")
         ids = list(stage_layer_ranges(n, stage_num)[stage_index])
     else:
         ids = _as_layers(layer_ids, "split_model: layer_ids")
