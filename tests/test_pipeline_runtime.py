@@ -28,7 +28,7 @@ def test_bad_input():
     stage = PipelineStage(nn.SequentialCell(_layers()), 0, 1, loss_fn=loss_fn)
     sched = pp.Schedule1F1B(stage, 3)
     x, y = _data(0)  # batch 8 does not split into 3
-    with pytest.raises(ValueError, match=r"inputs of shape \(8, 16\) cannot be split into micro_batch_num=3"):
+    with pytest.raises(ValueError, match=r"inputs of shape \(8, 16\) cannot be split along dim 0 into micro_batch_num=3"):
         sched.run(x, y)
     with pytest.raises(ValueError, match="needs 3 microbatches of labels, got none"):
         sched.run_microbatches([x] * 3, None)
@@ -36,3 +36,30 @@ def test_bad_input():
         PipelineStage(nn.Dense(2, 2), 1, 2)
     with pytest.raises(ValueError, match="mode='graph'"):
         sched.run(x, y, mode="graph")
+
+
+class _Scaled(nn.Cell):
+    """A first stage with two arguments: a batch and a scalar (replicated to every microbatch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.SequentialCell(_layers())
+
+    def construct(self, x, scale):
+        return self.body(x) * scale
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_first_stage_with_several_inputs_and_a_spec(mode):
+    import mindspore as ms
+    from mindspore import Tensor
+    net = _Scaled()
+    x, y = _data(0)
+    scale = Tensor(np.float32(0.5))
+    ref = ms.value_and_grad(lambda a, b, c: loss_fn(net(a, b), c), None, net.trainable_params())(x, scale, y)
+    stage = PipelineStage(net, 0, 1, loss_fn=loss_fn)
+    config = pp.MicrobatchConfig(split_input=(pp.TensorChunkSpec(0), pp.ReplicateSpec()))
+    loss = pp.Schedule1F1B(stage, 4).run((x, scale), y, mode=mode, config=config)
+    np.testing.assert_allclose(float(loss.asnumpy()), float(ref[0].asnumpy()), rtol=1e-5)
+    for g, r in zip(stage.grads, ref[1]):
+        np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-5, atol=1e-6)

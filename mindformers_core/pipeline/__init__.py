@@ -7,16 +7,22 @@ from .communication import add_communication
 from .costs import StepCosts
 from .errors import DeadlockError, ScheduleError
 from .meta_step import MetaStep, MetaStepType
+from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge_microbatches,
+                         split_microbatches)
 from .replay import StepTiming
 from .schedule import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
 from .schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
                         ScheduleZeroBubbleV)
 from .simulator import Timeline, simulate
 from .stage import StageInfo, stage_placement, stages_of_rank
+from .stage_split import (get_transformer_layer_offset, layers_of_stage, parse_layer_ranges,
+                          split_model, stage_layer_ranges)
 from .validator import validate_schedule
 from .visualizer import render_text, to_chrome_trace
 
-__all__ = ["DeadlockError", "MetaStep", "MetaStepType", "PipelineScheduleBase", "PipelineScheduleMulti",
+__all__ = ["MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec", "get_transformer_layer_offset",
+           "layers_of_stage", "merge_microbatches", "parse_layer_ranges", "split_microbatches",
+           "split_model", "stage_layer_ranges", "DeadlockError", "MetaStep", "MetaStepType", "PipelineScheduleBase", "PipelineScheduleMulti",
            "PipelineScheduleSingle", "Schedule1F1B", "ScheduleError", "ScheduleGPipe",
            "ScheduleInterleaved1F1B", "ScheduleZeroBubbleH1", "ScheduleZeroBubbleV", "StageInfo",
            "StepCosts", "StepTiming", "Timeline", "add_communication", "render_text", "simulate",

@@ -27,6 +27,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from ..distributed import comm
 from ..distributed.env import get_env
 from .meta_step import MetaStep, MetaStepType as T
+from .microbatch import MicrobatchConfig
 
 _META_LEN = 10  # ndim + up to 8 dims + dtype code, sent once per stage boundary
 _DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.int32, ms.int64)
@@ -63,13 +64,13 @@ class PipelineStage:
         return self.stage_index == self.stage_num - 1
 
     def objective(self, micro_batch_num: int) -> Callable:
-        """Stage function: ``x -> output`` or, on the last stage, ``(x, label) -> loss / m``."""
+        """Stage function: ``x -> output`` or, on the last stage, ``(x..., label) -> loss / m``."""
         if not self.is_last:
             return self.cell
         cell, loss_fn, scale = self.cell, self.loss_fn, 1.0 / micro_batch_num
 
-        def last(x, label):
-            return loss_fn(cell(x), label) * scale
+        def last(*args):  # stage inputs..., label
+            return loss_fn(cell(*args[:-1]), args[-1]) * scale
         return last
 
     def compiled(self, kind: str, mode: str, micro_batch_num: int):
@@ -97,16 +98,6 @@ class PipelineStage:
             out = ms.jit(compiled)
         self._fns[key] = out
         return out
-
-
-def split_microbatches(x, micro_batch_num: int, name: str = "input") -> List[Any]:
-    """Split along dim 0 into equal microbatches (clear error when it does not divide)."""
-    if x is None:
-        return [None] * micro_batch_num
-    if not len(x.shape) or x.shape[0] % micro_batch_num:
-        raise ValueError(f"pipeline: {name} of shape {tuple(x.shape)} cannot be split into "
-                         f"micro_batch_num={micro_batch_num} equal microbatches along dim 0")
-    return list(ops.split(x, x.shape[0] // micro_batch_num, 0))
 
 
 class PipelineRuntime:
@@ -169,14 +160,18 @@ class PipelineRuntime:
         return False
 
     # ---- one step -------------------------------------------------------------------------------
-    def run(self, inputs=None, labels=None):
-        """Run the schedule once. Rank of stage 0 passes ``inputs``, rank of the last stage
-        ``labels`` (whole batches, split along dim 0). Returns the mean microbatch loss on the last
-        stage's rank, else None; each stage's summed weight gradients are in ``stage.grads``."""
+    def run(self, inputs=None, labels=None, config: Optional[MicrobatchConfig] = None):
+        """Run the schedule once. Rank of stage 0 passes ``inputs`` (a tensor, or a tuple of the
+        first stage's arguments), rank of the last stage ``labels``; both are whole batches split
+        by ``config`` (default: tensors along dim 0, scalars and non-tensors replicated). Returns
+        the mean microbatch loss on the last stage's rank, else None; each stage's summed weight
+        gradients are in ``stage.grads``."""
         m = self.schedule.micro_batch_num
+        config = config or MicrobatchConfig()
         has_first, has_last = 0 in self.stages, self.schedule.stage_num - 1 in self.stages
-        return self.run_microbatches(split_microbatches(inputs, m, "inputs") if has_first and inputs is not None else inputs,
-                                     split_microbatches(labels, m, "labels") if has_last and labels is not None else labels)
+        return self.run_microbatches(
+            config.split_inputs(inputs, m) if has_first and inputs is not None else inputs,
+            config.split_labels(labels, m) if has_last and labels is not None else labels)
 
     def run_microbatches(self, xs=None, ys=None):
         """``run`` on lists of ``micro_batch_num`` microbatches."""
@@ -218,7 +213,9 @@ class PipelineRuntime:
         stage = self.stages.get(s)
         if t is T.FWD:
             x = xs[mb] if s == 0 else acts[(mb, s - 1)]
-            args = (x, ys[mb]) if stage.is_last else (x,)
+            args = tuple(x) if isinstance(x, (tuple, list)) else (x,)  # first stage: several inputs
+            if stage.is_last:
+                args = args + (ys[mb],)
             saved[(mb, s)] = args
             out = stage.compiled("forward", self.mode, m)(*args)
             if stage.is_last:

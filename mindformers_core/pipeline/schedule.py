@@ -88,10 +88,11 @@ class PipelineScheduleBase:
         """Execute the local order on pre-split microbatches; see ``PipelineRuntime.run_microbatches``."""
         return self.runtime(mode).run_microbatches(micro_inputs, micro_labels)
 
-    def run(self, inputs=None, labels=None, mode: str = "pynative"):
-        """Split the batch into ``micro_batch_num`` microbatches (dim 0) and run one step: returns
-        the loss on the last stage's rank (None elsewhere); gradients are in ``stage.grads``."""
-        return self.runtime(mode).run(inputs, labels)
+    def run(self, inputs=None, labels=None, mode: str = "pynative", config=None):
+        """Split the batch into ``micro_batch_num`` microbatches (``config``: a ``MicrobatchConfig``,
+        default split along dim 0) and run one step: returns the loss on the last stage's rank
+        (None elsewhere); gradients are in ``stage.grads``."""
+        return self.runtime(mode).run(inputs, labels, config)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(pp_size={self.pp_size}, stages_per_rank={self.stages_per_rank}, "
