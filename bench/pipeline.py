@@ -43,11 +43,13 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--micro", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU kernel threads per worker (MindSpore's default is 25)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "pipeline.json"))
     args = parser.parse_args()
     rows = run_msrun("bench.pipeline_body:run", 2, timeout=1800, kwargs={
         "schedules": args.schedules, "micro_batch_nums": args.micro, "mode": args.mode,
-        "width": args.width, "layers": args.layers, "batch": args.batch})
+        "width": args.width, "layers": args.layers, "batch": args.batch, "threads": args.threads})
     baseline = single_process_step(args.width, args.layers, args.batch, args.mode)
     table = []
     for i, first in enumerate(rows[0]):

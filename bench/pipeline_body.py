@@ -30,7 +30,9 @@ def data(batch, width):
             Tensor(rng.standard_normal((batch, width)).astype(np.float32)))
 
 
-def run(schedules, micro_batch_nums, mode, width, layers, batch, warmup=1, steps=3):
+def run(schedules, micro_batch_nums, mode, width, layers, batch, warmup=1, steps=3, threads=None):
+    if threads:
+        ms.device_context.cpu.op_tuning.threads_num(threads)
     env = get_env()
     pp_size = env.world_size
     x, y = data(batch, width)
