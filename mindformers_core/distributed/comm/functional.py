@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+import mindspore as ms
+from mindspore import ops
+
 from ..process_group import ProcessGroup, resolve_group, world_group
 from . import autograd as A
 from . import kernels as K
@@ -40,7 +43,8 @@ class Work:
         self._result = result
 
     def wait(self):
-        self._result.asnumpy() if hasattr(self._result, "asnumpy") else None
+        if hasattr(self._result, "asnumpy"):
+            self._result.asnumpy()  # blocks until the collective has produced its output
         return self._result
 
     def is_completed(self) -> bool:
@@ -141,8 +145,6 @@ def barrier(group: Optional[ProcessGroup] = None) -> None:
     g = resolve_group(group)
     if g.size == 1:
         return
-    import mindspore as ms
-    from mindspore import ops
     kernel = _cached(("barrier", g.ranks), lambda: K.AllReduceKernel(g, "sum"))
     kernel(ops.ones((1,), ms.float32)).asnumpy()
 
