@@ -1,0 +1,243 @@
+"""The YAML schema: every key a config may hold, its accepted types, default and allowed values.
+
+The schema is data, not code, so that one declaration drives defaults, type checks, unknown-key
+suggestions and the field tables of ``docs/config.md`` (:func:`schema_markdown`). Key names follow
+MindFormers' YAML (``parallel_config.data_parallel``, ``recompute_config.recompute``, ...); where we
+differ, the field's ``doc`` says so. Cross-field rules (products, divisibility) live in :mod:`.rules`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
+
+REQUIRED = object()  # marker default: the key must be given
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_float(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# Type tokens accepted in ``Field.types``; bool is never an int here, so `data_parallel: true` fails.
+TYPE_CHECKS = {
+    "int": _is_int,
+    "float": _is_float,
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "null": lambda v: v is None,
+    "list[int]": lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+    "list[float]": lambda v: isinstance(v, list) and all(_is_float(x) for x in v),
+    "list": lambda v: isinstance(v, list),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One leaf key: accepted type tokens, default, optional enum ``choices`` and lower bound ``min``."""
+    types: Tuple[str, ...]
+    default: Any = REQUIRED
+    doc: str = ""
+    choices: Tuple[Any, ...] = ()
+    min: Optional[float] = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Section:
+    """A mapping of known keys; ``items`` set means a list of such mappings (e.g. ``callbacks``)."""
+    fields: Mapping[str, Union[Field, "Section"]]
+    doc: str = ""
+    is_list: bool = False
+    default_list: Tuple[Mapping[str, Any], ...] = field(default=())
+
+
+def F(types: str, default: Any = REQUIRED, doc: str = "", choices=(), min=None) -> Field:
+    """Compact constructor: ``F("int|null", None, "why", min=1)``."""
+    return Field(tuple(types.split("|")), default, doc, tuple(choices), min)
+
+
+PIPELINE_SCHEDULERS = ("gpipe", "1f1b", "interleaved", "zb_h1", "zbv")
+
+SCHEMA = Section({
+    "seed": F("int", 0, "Global random seed (MindSpore, NumPy, data shuffling).", min=0),
+    "output_dir": F("str", "./output", "Where checkpoints, logs and the loss JSONL are written."),
+    "run_mode": F("str", "train", "What run_mindformer.py does.", choices=("train", "finetune", "predict")),
+    "use_parallel": F("bool", False, "Run distributed (under msrun). Must be true when worker count > 1."),
+    "load_checkpoint": F("str|null", None, "Checkpoint directory or file to load; empty/null = none."),
+    "resume_training": F("bool|str", False, "Resume optimizer, step and data state; a string names the "
+                                             "checkpoint to resume from."),
+    "auto_trans_ckpt": F("bool", False, "Reshard a checkpoint saved with another parallel layout on load."),
+    "context": Section({
+        "mode": F("int", 1, "0 = GRAPH_MODE (ms.jit), 1 = PYNATIVE_MODE.", choices=(0, 1)),
+        "device_target": F("str", "CPU", "MindSpore device.", choices=("CPU", "GPU", "Ascend")),
+    }, "MindSpore context (mindspore.set_context)."),
+    "parallel_config": Section({
+        "data_parallel": F("int", 1, "Data-parallel size (dp).", min=1),
+        "model_parallel": F("int", 1, "Tensor-parallel size (mp / tp).", min=1),
+        "pipeline_stage": F("int", 1, "Pipeline-parallel size (pp), number of pipeline ranks.", min=1),
+        "context_parallel": F("int", 1, "Context-parallel size (cp): the sequence is split over cp ranks.",
+                              min=1),
+        "micro_batch_num": F("int", 1, "Micro-batches per step for pipeline parallelism.", min=1),
+        "use_seq_parallel": F("bool", False, "Sequence parallelism inside tensor-parallel regions."),
+        "vocab_emb_dp": F("bool", True, "Keep the embedding table data-parallel (not split by mp)."),
+        "gradient_aggregation_group": F("int", 4, "Gradients fused per all-reduce bucket.", min=1),
+    }, "Parallel sizes. dp x mp x cp x pp must equal the worker count."),
+    "parallel": Section({
+        "enable_parallel_optimizer": F("bool", False, "Shard optimizer state over data parallel (ZeRO-1)."),
+        "pipeline_config": Section({
+            "pipeline_interleave": F("int", 1, "Virtual stages per pipeline rank (vpp). MindFormers uses a "
+                                               "bool here plus model_config.pp_interleave_num; we take the "
+                                               "number directly.", min=1),
+            "pipeline_scheduler": F("str", "1f1b", "Pipeline schedule. gpipe/1f1b/zb_h1 need "
+                                                   "pipeline_interleave 1, interleaved > 1, zbv exactly 2.",
+                                    choices=PIPELINE_SCHEDULERS),
+            "layers_per_stage": F("list|null", None, "Explicit layer split (ours): layer counts per stage "
+                                                      "([3, 5]) or layer ranges (['0-2', '3-7'])."),
+        }, "Pipeline schedule choice."),
+    }, "Parallel features beyond the sizes."),
+    "recompute_config": Section({
+        "recompute": F("bool|list[int]", False, "Recompute whole layers; a list gives layers per stage."),
+        "select_recompute": F("bool|list", False, "Recompute selected ops (activations, norms)."),
+        "select_comm_recompute": F("bool|list", False, "Recompute selected communication ops."),
+        "recompute_slice_activation": F("bool", False, "Keep recomputation checkpoints sliced by mp."),
+    }, "Activation recomputation."),
+    "swap_config": Section({
+        "swap": F("bool", False, "Offload activations to host memory."),
+        "default_prefetch": F("int", 1, "Layers prefetched ahead when swapping back.", min=1),
+        "layer_swap": F("list|null", None, "Per-layer swap rules (MindFormers format)."),
+        "op_swap": F("list|null", None, "Per-op swap rules (MindFormers format)."),
+    }, "Activation swapping (host offload)."),
+    "model": Section({
+        "arch": Section({"type": F("str", "LlamaForCausalLM", "Model class name.")}, "Model class."),
+        "model_config": Section({
+            "type": F("str", "LlamaConfig", "Config class name (kept for MindFormers compatibility)."),
+            "num_layers": F("int", doc="Transformer layers.", min=1),
+            "hidden_size": F("int", doc="Model width; divisible by num_heads.", min=1),
+            "ffn_hidden_size": F("int|null", None, "MLP width; null = derived from hidden_size.", min=1),
+            "num_heads": F("int", doc="Attention heads; divisible by model_parallel.", min=1),
+            "n_kv_heads": F("int|null", None, "Key/value heads (GQA); null = num_heads.", min=1),
+            "num_query_groups": F("int|null", None, "Megatron name for n_kv_heads; give at most one.", min=1),
+            "vocab_size": F("int", doc="Vocabulary size.", min=1),
+            "seq_length": F("int", doc="Training sequence length; divisible by context_parallel.", min=1),
+            "max_position_embeddings": F("int|null", None, "RoPE table length; null = seq_length.", min=1),
+            "rms_norm_eps": F("float", 1e-5, "RMSNorm epsilon.", min=0),
+            "rope_theta": F("float", 10000.0, "RoPE base.", min=0),
+            "hidden_act": F("str", "silu", "MLP activation.", choices=("silu", "gelu", "relu")),
+            "tie_word_embeddings": F("bool", False, "Share embedding and output weights."),
+            "compute_dtype": F("str", "float32", "Matmul dtype.", choices=("float32", "float16", "bfloat16")),
+            "param_init_dtype": F("str", "float32", "Parameter dtype.",
+                                  choices=("float32", "float16", "bfloat16")),
+            "use_flash_attention": F("bool", False, "Fused attention (not on CPU)."),
+            "offset": F("int|list[int]", 0, "MindFormers layer split: per-stage adjustments added to "
+                                            "num_layers // stages; must sum to num_layers % stages."),
+        }, "Architecture hyper-parameters."),
+    }, "The model."),
+    "train_dataset": Section({
+        "type": F("str", "text", "Input format.", choices=("text", "jsonl", "mindrecord")),
+        "dataset_dir": F("str|null", None, "File or directory; null = the built-in corpus."),
+        "tokenizer_file": F("str|null", None, "SentencePiece model; null = train one on the corpus."),
+        "shuffle": F("bool", True, "Shuffle samples (deterministically, from seed)."),
+        "drop_remainder": F("bool", True, "Drop the last incomplete batch."),
+        "num_parallel_workers": F("int", 1, "mindspore.dataset worker threads.", min=1),
+    }, "Training data."),
+    "optimizer": Section({
+        "type": F("str", "AdamW", "Optimizer.", choices=("AdamW", "Adam", "SGD")),
+        "learning_rate": F("float", 1e-3, "Peak learning rate (lr_schedule overrides when set).", min=0),
+        "betas": F("list[float]", [0.9, 0.95], "Adam betas, two numbers."),
+        "eps": F("float", 1e-8, "Adam epsilon.", min=0),
+        "weight_decay": F("float", 0.0, "Decoupled weight decay.", min=0),
+    }, "Optimizer."),
+    "lr_schedule": Section({
+        "type": F("str", "ConstantWarmUpLR", "Schedule (MindFormers names).",
+                  choices=("ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR")),
+        "learning_rate": F("float|null", None, "Peak rate; null = optimizer.learning_rate.", min=0),
+        "lr_end": F("float", 0.0, "Final rate for decaying schedules.", min=0),
+        "warmup_ratio": F("float", 0.0, "Warm-up as a fraction of total steps.", min=0),
+        "warmup_steps": F("int|null", None, "Warm-up steps; overrides warmup_ratio.", min=0),
+        "total_steps": F("int", -1, "Steps the schedule spans; -1 = epochs x steps per epoch."),
+    }, "Learning-rate schedule."),
+    "runner_config": Section({
+        "epochs": F("int", 1, "Passes over the dataset.", min=1),
+        "batch_size": F("int", 1, "Samples per data-parallel rank per step.", min=1),
+        "sink_mode": F("bool", False, "Data sinking (Ascend); ignored on CPU."),
+        "sink_size": F("int", 1, "Steps per sink when sink_mode is on.", min=1),
+        "gradient_accumulation_steps": F("int", 1, "Micro-steps accumulated per optimizer step.", min=1),
+    }, "Training loop."),
+    "callbacks": Section({
+        "type": F("str", doc="Callback class.", choices=("MFLossMonitor", "CheckpointMonitor", "EvalCallBack")),
+        "per_print_times": F("int", 1, "MFLossMonitor: print every N steps.", min=1),
+        "log_file": F("str|null", None, "MFLossMonitor: JSONL loss log; null = <output_dir>/loss.jsonl."),
+        "save_checkpoint_steps": F("int", 100, "CheckpointMonitor: save every N steps.", min=1),
+        "keep_checkpoint_max": F("int", 5, "CheckpointMonitor: checkpoints kept.", min=1),
+        "prefix": F("str", "llama", "CheckpointMonitor: checkpoint name prefix."),
+        "eval_interval": F("int", 100, "EvalCallBack: evaluate every N steps.", min=1),
+    }, "List of callbacks, each a mapping with `type`.", is_list=True,
+        default_list=({"type": "MFLossMonitor"},)),
+    "hsdp": Section({
+        "shard_size": F("int", -1, "Ranks a parameter is sharded over; -1 = all of data_parallel, else "
+                                   "a divisor of data_parallel."),
+        "threshold": F("int", 64, "Parameters smaller than this (KB) stay replicated.", min=0),
+        "optimizer_level": F("str", "level1", "level1 shards optimizer state, level2 also gradients, "
+                                              "level3 also weights.", choices=("level1", "level2", "level3")),
+    }, "Hybrid sharded data parallel (ours)."),
+})
+
+
+def iter_fields(section: Section = SCHEMA, prefix: str = "") -> Iterator[Tuple[str, Union[Field, Section]]]:
+    """Every (dotted path, node) in the schema, sections before their fields."""
+    for name, node in section.fields.items():
+        path = f"{prefix}{name}"
+        yield path, node
+        if isinstance(node, Section):
+            yield from iter_fields(node, path + ".")
+
+
+def lookup(path: str) -> Optional[Union[Field, Section]]:
+    """The schema node at a dotted path, or None (list sections are not indexable by path)."""
+    node: Union[Field, Section] = SCHEMA
+    for part in path.split("."):
+        if not isinstance(node, Section) or node.is_list or part not in node.fields:
+            return None
+        node = node.fields[part]
+    return node
+
+
+def describe(f: Field) -> str:
+    """Human rule for a field, used in type errors and docs: ``int >= 1`` or ``one of ['a', 'b']``."""
+    text = " or ".join(f.types)  # not "|": it would split a markdown table cell
+    if f.choices:
+        text += f", one of {list(f.choices)}"
+    if f.min is not None:
+        text += f", >= {f.min:g}"
+    return text
+
+
+def schema_markdown() -> str:
+    """The field tables of docs/config.md, generated so docs cannot drift from the schema."""
+    out = ["### top level", "", "| key | type / rule | default | meaning |", "|---|---|---|---|"]
+    for path, node in iter_fields():
+        if isinstance(node, Section):
+            kind = " (a list of mappings)" if node.is_list else ""
+            out += ["", f"### `{path}`{kind}", "", node.doc, "", "| key | type / rule | default | meaning |",
+                    "|---|---|---|---|"]
+            continue
+        default = "**required**" if node.required else f"`{node.default!r}`"
+        out.append(f"| `{path}` | {describe(node)} | {default} | {node.doc} |")
+    return "\n".join(out).strip() + "\n"
+
+
+def default_tree(section: Section = SCHEMA) -> Dict[str, Any]:
+    """Defaults of a section (required fields omitted): what `key: {}` expands to."""
+    out: Dict[str, Any] = {}
+    for name, node in section.fields.items():
+        if isinstance(node, Section):
+            out[name] = [dict(d) for d in node.default_list] if node.is_list else default_tree(node)
+        elif not node.required:
+            out[name] = list(node.default) if isinstance(node.default, list) else node.default
+    return out
