@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Launch a Python entry point on several processes with msrun, with MindFormers' argument order.
+#
+# Single node:  bash scripts/msrun_launcher.sh "run_mindformer.py --config X.yaml" \
+#                   [WORKER_NUM=8] [MASTER_PORT=8118] [LOG_DIR=output/msrun_log] [JOIN=False] [CLUSTER_TIME_OUT=7200]
+# Multi node:   bash scripts/msrun_launcher.sh "run_mindformer.py --config X.yaml" \
+#                   WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK LOG_DIR JOIN CLUSTER_TIME_OUT
+set -euo pipefail
+
+usage() {
+  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+fail() { echo "msrun_launcher.sh: $*" >&2; exit 2; }
+is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
+
+[ $# -ge 1 ] || usage
+read -r -a COMMAND <<< "$1"
+[ ${#COMMAND[@]} -ge 1 ] || fail "the first argument must be the script and its arguments, e.g. \"run_mindformer.py --config configs/llama_tiny.yaml\""
+SCRIPT="${COMMAND[0]}"
+[ -f "$SCRIPT" ] || fail "script '$SCRIPT' not found (first word of \"$1\")"
+shift
+
+if [ $# -le 5 ]; then
+  WORKER_NUM=${1:-8}; LOCAL_WORKER=$WORKER_NUM; MASTER_ADDR=127.0.0.1; MASTER_PORT=${2:-8118}
+  NODE_RANK=0; LOG_DIR=${3:-output/msrun_log}; JOIN=${4:-False}; CLUSTER_TIME_OUT=${5:-7200}
+elif [ $# -eq 8 ]; then
+  WORKER_NUM=$1; LOCAL_WORKER=$2; MASTER_ADDR=$3; MASTER_PORT=$4; NODE_RANK=$5
+  LOG_DIR=$6; JOIN=$7; CLUSTER_TIME_OUT=$8
+else
+  fail "got $# arguments after the command; give at most 5 (single node) or exactly 8 (multi node)"
+fi
+
+is_int "$WORKER_NUM" && [ "$WORKER_NUM" -ge 1 ] || fail "WORKER_NUM='$WORKER_NUM' must be a positive integer"
+is_int "$LOCAL_WORKER" && [ "$LOCAL_WORKER" -ge 1 ] && [ "$LOCAL_WORKER" -le "$WORKER_NUM" ] \
+  || fail "LOCAL_WORKER='$LOCAL_WORKER' must be an integer in [1, WORKER_NUM=$WORKER_NUM]"
+is_int "$MASTER_PORT" && [ "$MASTER_PORT" -ge 1024 ] && [ "$MASTER_PORT" -le 65535 ] \
+  || fail "MASTER_PORT='$MASTER_PORT' must be a port in [1024, 65535]"
+is_int "$NODE_RANK" || fail "NODE_RANK='$NODE_RANK' must be a non-negative integer"
+[[ "$JOIN" == "True" || "$JOIN" == "False" ]] || fail "JOIN='$JOIN' must be True or False"
+[[ "$CLUSTER_TIME_OUT" =~ ^-?[0-9]+$ ]] || fail "CLUSTER_TIME_OUT='$CLUSTER_TIME_OUT' must be an integer (seconds)"
+
+# msrun starts workers with `python`: make it this environment's interpreter
+HERE="$(cd "$(dirname "$0")/.." && pwd)"
+[ -x "$HERE/.venv/bin/python" ] && export PATH="$HERE/.venv/bin:$PATH"
+command -v msrun >/dev/null || fail "msrun not found: run 'make test' or 'make demo' once to create .venv"
+
+mkdir -p "$LOG_DIR"
+echo "msrun: $WORKER_NUM worker(s), $LOCAL_WORKER on this node (rank $NODE_RANK), master $MASTER_ADDR:$MASTER_PORT, logs in $LOG_DIR"
+exec msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER" --master_addr="$MASTER_ADDR" \
+  --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join="$JOIN" \
+  --cluster_time_out="$CLUSTER_TIME_OUT" "${COMMAND[@]}"
