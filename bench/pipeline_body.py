@@ -8,11 +8,8 @@ from mindspore import Tensor, nn, ops
 from mindformers_core import pipeline as pp
 from mindformers_core.distributed import get_env
 from mindformers_core.pipeline.runtime import PipelineStage
-from mindformers_core.pipeline.meta_step import MetaStepType as T
 
-SCHEDULES = {"gpipe": (pp.ScheduleGPipe, 1, "interleaved"), "1f1b": (pp.Schedule1F1B, 1, "interleaved"),
-             "interleaved": (pp.ScheduleInterleaved1F1B, 2, "interleaved"),
-             "zb_h1": (pp.ScheduleZeroBubbleH1, 1, "interleaved"), "zbv": (pp.ScheduleZeroBubbleV, 2, "v")}
+SCHEDULES = pp.BUILTIN_SCHEDULES
 
 
 def mse(out, y):

@@ -19,19 +19,9 @@ import os
 
 import numpy as np
 
-from .tokenizer import LlamaTokenizer
+from .tokenizer import LlamaTokenizer, check_files
 
 _CHUNK_DOCS = 4096  # documents per sentencepiece call: large enough for speed, small enough for memory
-
-
-def _check_files(data_files):
-    files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
-    if not files:
-        raise ValueError("data_files is empty")
-    for f in files:
-        if not os.path.isfile(f):
-            raise FileNotFoundError(f"data_files: no such file {os.fspath(f)!r}")
-    return [os.fspath(f) for f in files]
 
 
 def _is_jsonl(path):
@@ -76,7 +66,7 @@ def tokenize_to_cache(data_files, tokenizer, cache_dir, text_key="text"):
     file and then copied into the .npy (no whole-corpus list in memory); the final rename is atomic so
     concurrent ranks may race safely. uint16 is used when the vocabulary fits, halving the size.
     """
-    files = _check_files(data_files)
+    files = check_files(data_files, "data_files")
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
     path = os.path.join(cache_dir, f"tokens-{_cache_key(files, tokenizer, text_key)}.npy")
     if os.path.exists(path):
@@ -120,7 +110,7 @@ class PackedDataset:
 
     def __init__(self, data_files, tokenizer, seq_length, cache_dir=None, text_key="text", seed=0,
                  shuffle=True, dp_rank=0, dp_size=1, drop_remainder=True):
-        files = _check_files(data_files)
+        files = check_files(data_files, "data_files")
         if not isinstance(tokenizer, LlamaTokenizer):
             tokenizer = LlamaTokenizer(tokenizer)
         if seq_length < 1:

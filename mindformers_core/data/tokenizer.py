@@ -23,12 +23,7 @@ def train_tokenizer(text_files, model_prefix, vocab_size, model_type="bpe", byte
     byte-identical model. Byte fallback needs 256 byte pieces, so ``vocab_size`` must then exceed 259;
     characters outside ``character_coverage`` are then still encodable (as bytes).
     """
-    files = [text_files] if isinstance(text_files, (str, os.PathLike)) else list(text_files)
-    if not files:
-        raise ValueError("text_files is empty")
-    for f in files:
-        if not os.path.isfile(f):
-            raise FileNotFoundError(f"text_files: no such file {os.fspath(f)!r}")
+    files = check_files(text_files, "text_files")
     floor = 3 + (256 if byte_fallback else 0)
     if vocab_size <= floor:
         raise ValueError(f"vocab_size={vocab_size} too small: must be > {floor} "
@@ -43,6 +38,17 @@ def train_tokenizer(text_files, model_prefix, vocab_size, model_type="bpe", byte
         num_threads=1, input_sentence_size=0, shuffle_input_sentence=False,
         max_sentence_length=max_sentence_length, minloglevel=2)
     return f"{os.fspath(model_prefix)}.model"
+
+
+def check_files(files, argument):
+    """``files`` (one path or several) as a list of existing paths; errors name ``argument``."""
+    files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not files:
+        raise ValueError(f"{argument} is empty")
+    for f in files:
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"{argument}: no such file {os.fspath(f)!r}")
+    return [os.fspath(f) for f in files]
 
 
 class LlamaTokenizer:

@@ -11,7 +11,7 @@ from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge
                          split_microbatches)
 from .replay import StepTiming
 from .schedule import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
-from .schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
+from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
                         ScheduleZeroBubbleV)
 from .simulator import Timeline, simulate
 from .stage import StageInfo, stage_placement, stages_of_rank
@@ -20,7 +20,7 @@ from .stage_split import (get_transformer_layer_offset, layers_of_stage, parse_l
 from .validator import validate_schedule
 from .visualizer import render_text, to_chrome_trace
 
-__all__ = ["MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec", "get_transformer_layer_offset",
+__all__ = ["BUILTIN_SCHEDULES", "MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec", "get_transformer_layer_offset",
            "layers_of_stage", "merge_microbatches", "parse_layer_ranges", "split_microbatches",
            "split_model", "stage_layer_ranges", "DeadlockError", "MetaStep", "MetaStepType", "PipelineScheduleBase", "PipelineScheduleMulti",
            "PipelineScheduleSingle", "Schedule1F1B", "ScheduleError", "ScheduleGPipe",

@@ -150,3 +150,13 @@ class ScheduleZeroBubbleV(PipelineScheduleMulti):
         compute = greedy_split_backward_order(self.placement, self.micro_batch_num,
                                               admit_limit=[self.pp_size] * self.pp_size)
         _fill(self, compute)
+
+
+# name -> (class, stages per rank, placement): what a config's ``pipeline_scheduler`` selects
+BUILTIN_SCHEDULES = {
+    "gpipe": (ScheduleGPipe, 1, "interleaved"),
+    "1f1b": (Schedule1F1B, 1, "interleaved"),
+    "interleaved": (ScheduleInterleaved1F1B, 2, "interleaved"),
+    "zb_h1": (ScheduleZeroBubbleH1, 1, "interleaved"),
+    "zbv": (ScheduleZeroBubbleV, 2, "v"),
+}

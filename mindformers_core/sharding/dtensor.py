@@ -17,6 +17,7 @@ import mindspore as ms
 from mindspore import ops
 
 from ..distributed import comm
+from ..distributed.comm.functional import _cached
 from ..distributed.comm.kernels import CommCell, role_flag
 from ..distributed.device_mesh import DeviceMesh
 from ..distributed.env import get_env
@@ -51,9 +52,6 @@ class _KeepOnFirst(CommCell):
         return ops.select(self.flag, x, ops.zeros_like(x))
 
 
-_KEEP: Dict[tuple, _KeepOnFirst] = {}
-
-
 def execute_plan(plan: RedistributionPlan, local):
     """Run ``plan`` on this rank's shard ``local``; returns the shard in the target layout.
 
@@ -82,12 +80,8 @@ def execute_plan(plan: RedistributionPlan, local):
             size = x.shape[step.dim] // group.size
             x = ops.narrow(x, step.dim, group.local_rank * size, size)
         elif step.kind == "zero_partial":
-            key = (group.ranks, group.local_rank == 0)
-            keep = _KEEP.get(key)
-            if keep is None:
-                keep = _KeepOnFirst(group.local_rank == 0)
-                _KEEP[key] = keep
-            x = keep(x)
+            first = group.local_rank == 0
+            x = _cached(("keep_on_first", group.ranks, first), lambda: _KeepOnFirst(first))(x)
         else:
             raise ValueError(f"execute_plan: unknown step {step.kind!r}")
     return x

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
+from ..pipeline.schedules import BUILTIN_SCHEDULES
+
 REQUIRED = object()  # marker default: the key must be given
 
 
@@ -62,7 +64,7 @@ def F(types: str, default: Any = REQUIRED, doc: str = "", choices=(), min=None) 
     return Field(tuple(types.split("|")), default, doc, tuple(choices), min)
 
 
-PIPELINE_SCHEDULERS = ("gpipe", "1f1b", "interleaved", "zb_h1", "zbv")
+PIPELINE_SCHEDULERS = tuple(BUILTIN_SCHEDULES)  # the names the runtime can build
 
 SCHEMA = Section({
     "seed": F("int", 0, "Global random seed (MindSpore, NumPy, data shuffling).", min=0),

@@ -51,9 +51,7 @@ def reference(steps, data=None):
     return losses, [p.asnumpy() for p in params]
 
 
-SCHEDULES = {"gpipe": (pp.ScheduleGPipe, 1, None), "1f1b": (pp.Schedule1F1B, 1, None),
-             "interleaved": (pp.ScheduleInterleaved1F1B, 2, "interleaved"),
-             "zb_h1": (pp.ScheduleZeroBubbleH1, 1, None), "zbv": (pp.ScheduleZeroBubbleV, 2, "v")}
+SCHEDULES = pp.BUILTIN_SCHEDULES
 
 
 def run(schedule, mode, steps=3, micro_batch_num=4):
@@ -63,7 +61,7 @@ def run(schedule, mode, steps=3, micro_batch_num=4):
     stage_num = pp_size * per_rank
     layers = _layers()
     per_stage = LAYERS // stage_num
-    infos = pp.stages_of_rank(env.rank, pp_size, per_rank, placement or "interleaved")
+    infos = pp.stages_of_rank(env.rank, pp_size, per_rank, placement)
     stages = [PipelineStage(nn.SequentialCell(layers[i.stage_index * per_stage:(i.stage_index + 1) * per_stage]),
                             i.stage_index, stage_num, loss_fn=loss_fn) for i in infos]
     sched = cls(stages[0], micro_batch_num) if per_rank == 1 else cls(stages, micro_batch_num)
