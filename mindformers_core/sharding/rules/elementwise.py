@@ -68,6 +68,10 @@ bilinear = register_rule("mul")(_rule(
     "one is reduced."))
 first_linear = register_rule("div", "real_div", "neg")(_rule(
     "first", "div (linear in the numerator), neg: input 0's sum/avg partials are kept, others reduced."))
+scale = register_rule("scale")(_rule(
+    "first", "tensor times / divided by a Python scalar: linear, partials pass."))
+add_scalar = register_rule("add_scalar", "reciprocal_scale")(_rule(
+    "none", "tensor plus a Python scalar (or scalar / tensor): not linear, partial inputs are reduced first."))
 identity = register_rule("identity", "clone", "contiguous")(_rule("select", "Copies: any partial passes."))
 
 

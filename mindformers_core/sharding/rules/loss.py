@@ -56,3 +56,29 @@ def cross_entropy(layouts, shapes, *, reduction="mean", ignore_index=None, label
                             f"sum(loss * mask) / sum(mask)")
         out = make_layout(mesh, (), {a: "avg" if reduction == "mean" else "sum" for a in split})
     return RuleResult((out,), (required_logits, tokens), kernel)
+
+
+@register_rule("cross_entropy_last_dim")
+def cross_entropy_last_dim(layouts, shapes, *, reduction="mean", ignore_index=None, label_smoothing=0.0):
+    """``cross_entropy`` with the classes in the LAST dim of the logits (``(b, s, V)`` language-model
+    logits, labels ``(b, s)``): the same rule with the class dim moved."""
+    expect_inputs(layouts, 2)
+    (logits, labels), (ls, ts) = layouts, shapes
+    if len(ls) < 2 or tuple(ts) != tuple(ls[:-1]):
+        raise RuleError(f"logits of shape {ls} need the classes in the last dim and labels of shape "
+                        f"{tuple(ls[:-1])}, got labels of shape {ts}")
+    nd = len(ls)
+    perm = (0, nd - 1) + tuple(range(1, nd - 1))           # (..., V) -> (N, V, ...)
+    moved = None if logits is None else make_layout(mesh_of(layouts), [logits.dims[p] for p in perm],
+                                                     dict(logits.partial))
+    res = cross_entropy((moved, labels), (tuple(ls[p] for p in perm), ts), reduction=reduction,
+                        ignore_index=ignore_index, label_smoothing=label_smoothing)
+    req = res.inputs[0]
+    back = [None] * nd
+    for k, p in enumerate(perm):
+        back[p] = req.dims[k]
+    required_logits = make_layout(req, back, dict(req.partial))
+    local = res.local
+    if local is not None:
+        local.attrs["class_dim"] = nd - 1
+    return RuleResult(res.outputs, (required_logits, res.inputs[1]), local)

@@ -1,0 +1,264 @@
+"""``plan_sharding`` and ``parallelize``: trace, propagate, then shard the model in place.
+
+Steps: trace one forward on global shapes (PyNative, full weights) → collect ``shard(config)``
+declarations → propagate → (``parallelize`` only) replace every parameter by this rank's shard,
+slice constants, swap atomic Cells that need a local kernel, and wrap Cells whose boundaries carry
+a redistribution. The model code is not touched; the returned object is the model itself.
+
+Each parameter gets ``mfc_layout`` (its global layout), ``mfc_global_shape`` and ``mfc_grad_axes``
+(mesh axes its gradient must still be summed over — ``reduce_gradients`` does it; the
+data-parallel axis is among them for every replicated weight).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn
+
+from ..distributed.comm import kernels as K
+from ..distributed.comm.functional import _cached
+from .boundary import Passthrough, Redistribute, ShardedCall, wrap_root
+from .dtensor import mesh_of
+from .layout import Layout, as_layout
+from .local_kernels import VocabParallelCrossEntropy, VocabParallelLookup
+from .propagation import PlanError, ShardingPlan, collect_declarations, propagate
+from .trace import Graph, trace
+
+
+def mesh_layout(config=None, mesh=None) -> Layout:
+    """The device-matrix layout to plan on: ``mesh`` (a Layout, ``mindspore.parallel.Layout`` or
+    DeviceMesh) or the sizes in ``config`` (``data_parallel_size``/``tensor_model_parallel_size``/
+    ``context_parallel_size`` attributes or dict keys, MindFormers' ``data_parallel``/
+    ``model_parallel``/``context_parallel`` too) as axes ("dp", "cp", "tp")."""
+    if mesh is not None:
+        if hasattr(mesh, "shape") and hasattr(mesh, "dim_names"):
+            return Layout(tuple(mesh.shape), tuple(mesh.dim_names))
+        return as_layout(mesh)
+
+    def get(*names, default=1):
+        for n in names:
+            v = config.get(n) if isinstance(config, dict) else getattr(config, n, None)
+            if v is not None:
+                return int(v)
+        return default
+
+    if config is None:
+        raise ValueError("parallelize: give a config with the parallel sizes or a mesh")
+    dp = get("data_parallel_size", "data_parallel", "dp")
+    cp = get("context_parallel_size", "context_parallel", "cp")
+    tp = get("tensor_model_parallel_size", "model_parallel", "tp")
+    for name, v in (("data_parallel_size", dp), ("context_parallel_size", cp), ("tensor_model_parallel_size", tp)):
+        if v < 1:
+            raise ValueError(f"parallelize: {name}={v} must be >= 1")
+    return Layout((dp, cp, tp), ("dp", "cp", "tp"))
+
+
+def _default_input_layouts(graph: Graph, mesh: Layout) -> List[Layout]:
+    """Batch (dim 0) over "dp" when the mesh has it, the rest replicated."""
+    out = []
+    for tid in graph.inputs:
+        nd = len(graph.shape(tid))
+        dims = ["None"] * nd
+        if nd and "dp" in mesh.alias_name and mesh.axis_size("dp") > 1:
+            dims[0] = "dp"
+        out.append(mesh(*dims))
+    return out
+
+
+def plan_sharding(model: nn.Cell, config=None, *sample_inputs, mesh=None,
+                  input_layouts: Optional[Sequence] = None, output_layouts: Optional[Sequence] = None
+                  ) -> ShardingPlan:
+    """Trace ``model`` on ``sample_inputs`` (global shapes: Tensors, arrays or ``(shape, dtype)``)
+    and propagate layouts. Nothing is communicated and the model is not changed."""
+    base = mesh_layout(config, mesh)
+    if getattr(model, "mfc_sharding_plan", None) is not None:
+        raise PlanError("this model is already parallelized; plan the original, unsharded model")
+    graph = trace(model, *sample_inputs)
+    ins = list(input_layouts) if input_layouts is not None else _default_input_layouts(graph, base)
+    return propagate(graph, base, collect_declarations(graph, config), ins, list(output_layouts or ()))
+
+
+def parallelize(model: nn.Cell, config=None, *sample_inputs, mesh=None, rank: Optional[int] = None,
+                input_layouts: Optional[Sequence] = None, output_layouts: Optional[Sequence] = None,
+                plan: Optional[ShardingPlan] = None) -> nn.Cell:
+    """Shard ``model`` in place for this rank and return it (``model.mfc_sharding_plan`` holds the
+    plan). Call it on every rank with the same model, config and sample shapes. The model then
+    takes this rank's local input shards (``plan.input_layouts``) and returns local output shards
+    (``plan.output_layouts``)."""
+    if plan is None:
+        plan = plan_sharding(model, config, *sample_inputs, mesh=mesh, input_layouts=input_layouts,
+                             output_layouts=output_layouts)
+    if rank is None:
+        from ..distributed.env import get_env
+        rank = get_env().rank
+    world = int(np.prod(plan.mesh.device_matrix))
+    if not 0 <= rank < world:
+        raise ValueError(f"parallelize: rank {rank} is outside the mesh of {world} devices "
+                         f"{dict(zip(plan.mesh.alias_name, plan.mesh.device_matrix))}")
+    _check_executable(plan)
+    _shard_parameters(model, plan, rank)
+    _shard_constants(plan, rank)
+    _install(model, plan, rank)
+    model.mfc_sharding_plan = plan
+    return model
+
+
+# Local kernels that are "the same op with the local shape": correct when the model derives the
+# target shape from its input's shape (``x.reshape(b, s, -1, head_dim)`` with ``b, s = x.shape``).
+SHAPE_FROM_INPUT = ("reshape", "broadcast_to")
+
+
+def _check_executable(plan: ShardingPlan) -> None:
+    g = plan.graph
+    for index, res in plan.results.items():
+        node = g.nodes[index]
+        if res.local is not None and res.local.name in SHAPE_FROM_INPUT:
+            continue   # model code computes the target shape from x.shape (documented contract)
+        if res.local is not None and node.cell is None:
+            raise PlanError(f"{node.describe()} needs the local kernel {res.local.name!r}, which only runs "
+                            f"for an atomic Cell (a Cell with `sharding_op`); move the op into one")
+        if res.local is not None and res.local.name not in ("vocab_parallel_lookup", "vocab_parallel_cross_entropy"):
+            raise PlanError(f"{node.describe()}: local kernel {res.local.name!r} is not implemented")
+    for name, layout in plan.param_layouts.items():
+        if layout.partial:
+            raise PlanError(f"parameter {name} would need the partial layout {layout.describe()} (added once "
+                            f"per partial addend); reduce the partial before it, e.g. declare the output "
+                            f"layout of the Cell that produces the other operand")
+    for tid, layout in plan.const_layouts.items():
+        if layout.partial:
+            raise PlanError(f"constant {g.tensors[tid].name} would need the partial layout {layout.describe()}")
+    calls_per_cell: Dict[int, List[int]] = {}
+    for call in g.calls:
+        calls_per_cell.setdefault(id(call.cell), []).append(call.index)
+    for indices in calls_per_cell.values():
+        if len(indices) > 1:
+            signatures = {tuple((r.source, r.target, r.grad_partial) for r in plan.redistributions_of(i))
+                          for i in indices}
+            if len(signatures) > 1:
+                path = g.calls[indices[0]].path
+                raise PlanError(f"Cell {path} is called {len(indices)} times with different boundary "
+                                f"redistributions; one Cell object can carry one set — use separate Cells")
+
+
+def _shard_parameters(model: nn.Cell, plan: ShardingPlan, rank: int) -> None:
+    params = {p.name: p for p in model.get_parameters()}
+    for name, layout in plan.param_layouts.items():
+        p = params[name]
+        shape = tuple(int(d) for d in p.shape)
+        p.mfc_layout = layout
+        p.mfc_global_shape = shape
+        p.mfc_grad_axes = plan.grad_axes.get(name, ())
+        if layout.sharded_axes():
+            local = p.asnumpy()[layout.local_slice(shape, rank)]
+            p.set_data(Tensor(np.ascontiguousarray(local)), slice_shape=True)
+
+
+def _shard_constants(plan: ShardingPlan, rank: int) -> None:
+    for tid, layout in plan.const_layouts.items():
+        if layout.sharded_axes():
+            cell, attr = plan.graph.consts[tid]
+            value = getattr(cell, attr)
+            local = value.asnumpy()[layout.local_slice(tuple(value.shape), rank)]
+            setattr(cell, attr, Tensor(np.ascontiguousarray(local)))
+
+
+def _local_kernel(plan: ShardingPlan, call, rank: int) -> Optional[nn.Cell]:
+    node = plan.graph.nodes[call.node]
+    local = plan.results[node.index].local
+    if local is None:
+        return None
+    res = plan.results[node.index]
+    if local.name == "vocab_parallel_lookup":
+        table_pos = 1 if node.op == "embedding" else 0
+        layout = res.inputs[table_pos]
+        shape = plan.graph.shape(node.inputs[table_pos])
+        start = layout.shard_index(0, rank) * layout.local_shape(shape)[0]
+        weight_attr = [n for n in getattr(call.cell, "sharding_params", ("weight",))
+                       if getattr(call.cell, n, None) is not None][0]
+        return VocabParallelLookup(call.cell, weight_attr, start, local.attrs["local_vocab_size"])
+    if local.name == "vocab_parallel_cross_entropy":
+        layout = res.inputs[0]
+        shape = plan.graph.shape(node.inputs[0])
+        class_dim = local.attrs["class_dim"]
+        if class_dim != len(shape) - 1:
+            raise PlanError(f"{node.describe()}: the vocab-parallel cross-entropy kernel needs the classes in the "
+                            f"last dim (rule 'cross_entropy_last_dim')")
+        start = layout.shard_index(class_dim, rank) * layout.local_shape(shape)[class_dim]
+        group = mesh_of(layout).get_group(tuple(local.attrs["vocab_axes"]))
+        return VocabParallelCrossEntropy(group, start, local.attrs["local_vocab_size"],
+                                         node.attrs.get("reduction", "mean"))
+    raise PlanError(f"{node.describe()}: local kernel {local.name!r} is not implemented")
+
+
+def _conversion(plan: ShardingPlan, node_index: int):
+    for r in plan.redistributions:
+        if r.node == node_index:
+            return Redistribute(r.forward, r.backward, r.grad_scale, r.where)
+    return Passthrough()
+
+
+def _install(model: nn.Cell, plan: ShardingPlan, rank: int) -> None:
+    g = plan.graph
+    names = {id(p): p.name for p in model.get_parameters()}
+    done = set()
+    parents = {}
+    for path, cell in model.cells_and_names():
+        for key, child in cell._cells.items():
+            if child is not None:
+                parents[id(child)] = (cell, key)
+    for call in g.calls:
+        if id(call.cell) in done:
+            continue
+        done.add(id(call.cell))
+        n_args = max([g.nodes[n].arg for n in call.enter] + [-1]) + 1
+        pre = [Passthrough() for _ in range(n_args)]
+        for n in call.enter:
+            pre[g.nodes[n].arg] = _conversion(plan, n)
+        post = [_conversion(plan, n) for n in call.exit]
+        active = any(not isinstance(c, Passthrough) for c in pre + post)
+        kernel = _local_kernel(plan, call, rank) if call.atomic else None
+        if call.index == 0:
+            if kernel is not None:
+                raise PlanError("the model itself is an atomic Cell with a local kernel; wrap it in a Cell")
+            if active:
+                wrap_root(model, pre, post, len(call.exit) == 1)
+            continue
+        if not active and kernel is None:
+            continue
+        inner = kernel if kernel is not None else call.cell
+        replacement = ShardedCall(inner, pre, post, len(call.exit) == 1) if active else inner
+        parent, key = parents[id(call.cell)]
+        parent._cells[key] = replacement
+        if key in parent.__dict__:
+            object.__setattr__(parent, key, replacement)
+    for p in model.get_parameters():
+        if id(p) in names:
+            p.name = names[id(p)]
+
+
+def _sum_over(group) -> nn.Cell:
+    return _cached(("raw_all_reduce", group.ranks, "sum"), lambda: K.AllReduceKernel(group, "sum"))
+
+
+class GradientReducer(nn.Cell):
+    """Sums each gradient over the mesh axes in its parameter's ``mfc_grad_axes`` (minus
+    ``skip_axes``: e.g. ("dp",) when hsdp or the pipeline runtime reduces over data parallel).
+    A Cell, so it runs the same in PyNative and inside ``ms.jit``."""
+
+    def __init__(self, params: Sequence[Parameter], skip_axes: Sequence[str] = ()):
+        super().__init__(auto_prefix=False)
+        cells = []
+        self.axes = []
+        for p in params:
+            axes = tuple(a for a in getattr(p, "mfc_grad_axes", ()) if a not in skip_axes)
+            self.axes.append(axes)
+            cells.append(_sum_over(mesh_of(p.mfc_layout).get_group(axes)) if axes else Passthrough())
+        self.reducers = nn.CellList(cells)
+        self.count = len(cells)
+
+    def construct(self, grads):
+        out = ()
+        for i in range(self.count):
+            out = out + (self.reducers[i](grads[i]),)
+        return out
