@@ -32,3 +32,10 @@ def test_dp2_tp2_block_on_4_ranks():
     results = run_msrun("tests.bodies.sharding_body:run", 4, timeout=500,
                         kwargs={"models": models, "dp": 2, "tp": 2})
     _check(results, models)
+
+
+def test_dp2_tp4_sequence_parallel_block_on_8_ranks():
+    models = ["block_sp"]
+    results = run_msrun("tests.bodies.sharding_body:run", 8, timeout=600,
+                        kwargs={"models": models, "dp": 2, "tp": 4})
+    _check(results, models)

@@ -137,13 +137,13 @@ class ShardingPlan:
             for n in call.exit:
                 t = g.nodes[n].outputs[0]
                 lines.append(f"  output {g.nodes[n].arg}: {self.layouts[t].describe()} ({tag(t)})")
+            for _, param in call.cell.parameters_and_names(expand=False):
+                t = g.params.get(param.name)
+                if t is not None:
+                    lines.append(f"  weight {param.name}: {self.layouts[t].describe()} ({tag(t)}), grad summed "
+                                 f"over {list(self.grad_axes.get(param.name, ())) or 'nothing'}")
             if call.atomic:
                 node = g.nodes[call.node]
-                for t in node.inputs:
-                    info = g.tensors[t]
-                    if info.kind == "param":
-                        lines.append(f"  weight {info.name}: {self.layouts[t].describe()} ({tag(t)}), "
-                                     f"grad summed over {list(self.grad_axes.get(info.name, ())) or 'nothing'}")
                 local = self.results[node.index].local
                 if local is not None:
                     lines.append(f"  local kernel: {local.name}")
