@@ -84,13 +84,13 @@ class Attention(nn.Cell):
     """Heads split over tp by the column q/k/v, merged by the row projection; the attention core
     is plain ops on local heads."""
 
-    def __init__(self, h=16, heads=4, seq=8, seed=10):
+    def __init__(self, h=16, heads=4, seq=8, seed=10, sequence_parallel=False):
         super().__init__()
         self.head_dim = h // heads
         self.linear_q = column(h, h, seed)
         self.linear_k = column(h, h, seed + 1)
         self.linear_v = column(h, h, seed + 2)
-        self.linear_proj = row(h, h, seed + 3)
+        self.linear_proj = row(h, h, seed + 3, sequence_parallel)
         mask = np.triu(np.full((seq, seq), -1e9, np.float32), 1)
         self.mask = Tensor(mask.reshape(1, 1, seq, seq))
         self.scale = 1.0 / np.sqrt(self.head_dim)
@@ -112,7 +112,7 @@ class Block(nn.Cell):
     def __init__(self, h=16, heads=4, seq=8, sequence_parallel=False):
         super().__init__()
         self.norm1 = RMSNorm(h, sequence_parallel)
-        self.attention = Attention(h, heads, seq)
+        self.attention = Attention(h, heads, seq, sequence_parallel=sequence_parallel)
         self.norm2 = RMSNorm(h, sequence_parallel)
         self.mlp = MLP(h, 4 * h, seed=20, sequence_parallel=sequence_parallel)
 

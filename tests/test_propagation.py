@@ -74,7 +74,7 @@ def test_megatron_pairs_are_derived():
     model, shape = MODELS["mlp"]()
     plan = plan_sharding(model, {"dp": 1, "tp": 2}, (shape, "float32"))
     by_where = {r.where: r for r in plan.redistributions}
-    f = by_where["enter of model.fc1 tensor 0"]        # identity forward, all-reduce backward
+    f = by_where["enter of <model> tensor 0"]  # identity forward, all-reduce backward (hoisted from fc1)
     assert not f.forward.steps and [s.kind for s in f.backward.steps] == ["all_reduce"]
     g = by_where["exit of model.fc2 tensor 0"]         # all-reduce forward, identity backward
     assert [s.kind for s in g.forward.steps] == ["all_reduce"] and not g.backward.steps
@@ -85,7 +85,7 @@ def test_sequence_parallel_is_derived_from_a_declared_norm():
     model, shape = MODELS["sp_mlp"]()
     plan = plan_sharding(model, {"dp": 2, "tp": 2}, (shape, "float32"))
     by_where = {r.where: r for r in plan.redistributions}
-    gather = by_where["enter of model.mlp.fc1 tensor 0"]
+    gather = by_where["enter of model.mlp tensor 0"]     # hoisted from fc1's boundary
     assert [s.kind for s in gather.forward.steps] == ["all_gather"]
     assert [s.kind for s in gather.backward.steps] == ["reduce_scatter"]
     scatter = by_where["exit of model.mlp.fc2 tensor 0"]

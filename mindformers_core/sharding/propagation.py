@@ -334,7 +334,8 @@ def propagate(graph: Graph, mesh: Layout, declarations: Dict[int, Declaration],
         if layout is None:
             L[tid] = replicated(tid)   # unused parameters / constants
     grad_axes_by_tid = _gradient_partials(graph, L, results)
-    redistributions = _boundary_plans(graph, L, declared, grad_axes_by_tid)
+    deferred = _hoist(graph, L, declared, grad_axes_by_tid)
+    redistributions = _boundary_plans(graph, L, declared, grad_axes_by_tid, deferred)
     params = {name: L[tid] for name, tid in graph.params.items()}
     grad_axes = {name: tuple(sorted(a for a in grad_axes_by_tid.get(tid, ()) if mesh.axis_size(a) > 1))
                  for name, tid in graph.params.items()}
@@ -445,11 +446,47 @@ def _gradient_partials(graph: Graph, L: Dict[int, Layout], results: Dict[int, Ru
     return gp
 
 
+def _hoist(graph: Graph, L: Dict[int, Layout], declared: Set[int], gp: Dict[int, Set[str]]) -> Set[int]:
+    """Move a conversion that every consumer of a boundary's output repeats (e.g. the q, k and v
+    linears each gathering the sequence and all-reducing their input gradient) up to that
+    boundary, so it runs once — Megatron's single conversion before a fused QKV. Returns the
+    consumer boundaries that became pass-through."""
+    deferred: Set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(graph.nodes):
+            if node.kind not in ("enter", "exit"):
+                continue
+            t = node.outputs[0]
+            users = [graph.nodes[c] for c in graph.consumers.get(t, [])]
+            if t in declared or not users or any(u.kind not in ("enter", "exit") or u.index in deferred
+                                                 for u in users):
+                continue
+            wants = set()
+            for u in users:
+                dst = u.outputs[0]
+                T = L[dst]
+                P = frozenset(a for a in gp.get(dst, set()) if a not in T.sharded_axes() and T.axis_size(a) > 1) \
+                    if is_float(graph.tensors[dst].dtype) else frozenset()
+                wants.add((T, P))
+            if len(wants) != 1:
+                continue
+            T, P = wants.pop()
+            if T.partial or (T == L[t] and not P):
+                continue
+            L[t] = T
+            gp[t] = set(P)
+            deferred |= {u.index for u in users}
+            changed = True
+    return deferred
+
+
 def _boundary_plans(graph: Graph, L: Dict[int, Layout], declared: Set[int],
-                    gp: Dict[int, Set[str]]) -> List[Redistribution]:
+                    gp: Dict[int, Set[str]], deferred: Set[int] = frozenset()) -> List[Redistribution]:
     out = []
     for node in graph.nodes:
-        if node.kind not in ("enter", "exit"):
+        if node.kind not in ("enter", "exit") or node.index in deferred:
             continue
         src, dst = node.inputs[0], node.outputs[0]
         S, T = L[src], L[dst]
