@@ -166,14 +166,14 @@ def fit_layout(layout, ndim: int, mesh: Layout, what: str) -> Layout:
                         f"{layout.alias_name}, but the model is planned on {mesh.device_matrix} with "
                         f"{mesh.alias_name}; build layouts from the same mesh")
     if layout.ndim == ndim:
-        return layout
+        return strip_unit_axes(layout)
     if layout.ndim == 0 or layout.ndim > ndim:
         raise PlanError(f"{what}: layout has {layout.ndim} entries for a {ndim}-dim tensor")
     dims = [layout.dims[0]] + [()] * (ndim - layout.ndim) + list(layout.dims[1:])
     out = make_layout(mesh, dims)
     for op in sorted(set(layout.partial.values())):
         out = out.with_partial([a for a, o in layout.partial.items() if o == op], op)
-    return out
+    return strip_unit_axes(out)
 
 
 def _as_tuple(value) -> Tuple[Any, ...]:
@@ -343,6 +343,27 @@ def propagate(graph: Graph, mesh: Layout, declarations: Dict[int, Declaration],
     return ShardingPlan(graph, mesh, L, declared, results, redistributions, params, grad_axes, consts)
 
 
+def strip_unit_axes(layout: Optional[Layout]) -> Optional[Layout]:
+    """Mesh axes of size 1 split nothing: drop them so equal layouts compare equal."""
+    if layout is None:
+        return None
+    unit = {a for a in layout.alias_name if layout.axis_size(a) == 1}
+    if not unit or not (set(layout.sharded_axes()) | set(layout.partial)) & unit:
+        return layout
+    out = make_layout(layout, [tuple(a for a in axes if a not in unit) for axes in layout.dims])
+    for op in sorted(set(layout.partial.values())):
+        axes = [a for a, o in layout.partial.items() if o == op and a not in unit]
+        if axes:
+            out = out.with_partial(axes, op)
+    return out
+
+
+def _strip_result(res: RuleResult) -> RuleResult:
+    res.inputs = tuple(strip_unit_axes(l) for l in res.inputs)
+    res.outputs = tuple(strip_unit_axes(l) for l in res.outputs)
+    return res
+
+
 def _choose(graph: Graph, node: Node, given: List[Optional[Layout]], shapes, adjustable: List[bool],
             replicated) -> RuleResult:
     """Apply the node's rule, letting inputs that arrive through a still-adjustable Cell boundary
@@ -369,7 +390,7 @@ def _choose(graph: Graph, node: Node, given: List[Optional[Layout]], shapes, adj
     best, best_cost, first_error = None, None, None
     for cand in candidates:
         try:
-            res = infer(node.op, cand, shapes, **node.attrs)
+            res = _strip_result(infer(node.op, cand, shapes, **node.attrs))
         except (ValueError, LookupError) as e:
             first_error = first_error or e
             continue
