@@ -1,0 +1,10 @@
+"""The project's optimizer: AdamW (shardable states), lr schedules, global-norm clipping."""
+from .adamw import AdamW, Optimizer, default_decay_filter
+from .clip import ClipGradNorm, GlobalNorm, clip_grad_norm, global_norm, replication_weights
+from .lr_schedule import (SCHEDULES, ConstantWarmUpLR, CosineWithWarmUpLR, LearningRateSchedule,
+                          LinearWithWarmUpLR, WarmupCosineLR, as_schedule, build_lr_schedule)
+
+__all__ = ["AdamW", "ClipGradNorm", "ConstantWarmUpLR", "CosineWithWarmUpLR", "GlobalNorm",
+           "LearningRateSchedule", "LinearWithWarmUpLR", "Optimizer", "SCHEDULES", "WarmupCosineLR",
+           "as_schedule", "build_lr_schedule", "clip_grad_norm", "default_decay_filter", "global_norm",
+           "replication_weights"]

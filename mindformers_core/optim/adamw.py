@@ -1,0 +1,132 @@
+"""AdamW with decoupled weight decay and bias correction; moments are Parameters.
+
+Per parameter ``p`` with gradient ``g``, at optimizer step ``t`` (1-based) and rate ``lr(t-1)``::
+
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)      # bias_correction=True
+    p = p - lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p)
+
+This is ``torch.optim.AdamW``. ``mindspore.nn.AdamWeightDecay`` is the same update without bias
+correction: ``AdamW(..., bias_correction=False)`` reproduces it (same default decay filter:
+parameters whose name contains ``beta`` or ``gamma`` are not decayed; same eps placement).
+
+The moments are ordinary Parameters shaped like the parameters, so ``hsdp`` can shrink them to
+shards in place (``state_of``) and feed the optimizer shard views through ``apply``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+from .lr_schedule import as_schedule
+
+
+def default_decay_filter(param) -> bool:
+    """MindSpore's default: no weight decay for LayerNorm-style ``beta``/``gamma`` parameters."""
+    return "beta" not in param.name and "gamma" not in param.name
+
+
+class Optimizer(nn.Cell):
+    """What ``hsdp`` needs from an optimizer.
+
+    * ``parameters``: the ParameterTuple it updates;
+    * ``apply(values, grads)``: new values for the given parameter values (full tensors or shard
+      views, shaped like the states), updating its states in place; ``construct(grads)`` applies
+      it to ``parameters`` and assigns the results;
+    * ``state_of(i)``: the state Parameters of parameter ``i`` shaped like it (sharded by hsdp).
+    """
+
+    def __init__(self, params: Sequence[Parameter]):
+        super().__init__(auto_prefix=False)
+        params = list(params)
+        if not params:
+            raise ValueError(f"{type(self).__name__}: params is empty; pass model.trainable_params()")
+        for p in params:
+            if not isinstance(p, Parameter):
+                raise TypeError(f"{type(self).__name__}: params must be Parameters, got {type(p).__name__}")
+        self.parameters = ParameterTuple(params)
+
+    def apply(self, values, grads):
+        raise NotImplementedError
+
+    def state_of(self, index: int) -> Tuple[Parameter, ...]:
+        raise NotImplementedError
+
+    def construct(self, grads):
+        new = self.apply(self.parameters, grads)
+        out = ()
+        for i in range(len(self.parameters)):
+            out = out + (ops.assign(self.parameters[i], new[i]),)
+        return out
+
+
+class AdamW(Optimizer):
+    """AdamW (see the module docstring). ``learning_rate`` is a float or a schedule Cell
+    (``CosineWithWarmUpLR``...); ``decay_filter(param) -> bool`` picks the decayed parameters."""
+
+    def __init__(self, params: Sequence[Parameter], learning_rate=1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, bias_correction: bool = True,
+                 decay_filter: Optional[Callable] = None):
+        super().__init__(params)
+        if len(betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in betas):
+            raise ValueError(f"AdamW: betas={tuple(betas)!r} must be two numbers in [0, 1)")
+        if eps <= 0:
+            raise ValueError(f"AdamW: eps={eps!r} must be > 0")
+        if weight_decay < 0:
+            raise ValueError(f"AdamW: weight_decay={weight_decay!r} must be >= 0")
+        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+        self.bias_correction = bool(bias_correction)
+        self.learning_rate = as_schedule(learning_rate)
+        decay_filter = decay_filter or default_decay_filter
+        self.decay = tuple(self.weight_decay if decay_filter(p) else 0.0 for p in self.parameters)
+        self.moment1 = ParameterTuple(self._zeros(p, "adam_m") for p in self.parameters)
+        self.moment2 = ParameterTuple(self._zeros(p, "adam_v") for p in self.parameters)
+        # steps taken so far (int32); the rate of step t+1 is learning_rate(t)
+        self.global_step = Parameter(Tensor(np.zeros((), np.int32)), name="global_step",
+                                     requires_grad=False)
+
+    @staticmethod
+    def _zeros(p: Parameter, prefix: str) -> Parameter:
+        return Parameter(Tensor(np.zeros(p.shape, ms.dtype_to_nptype(p.dtype))),
+                         name=f"{prefix}.{p.name}", requires_grad=False)
+
+    def state_of(self, index: int) -> Tuple[Parameter, ...]:
+        return (self.moment1[index], self.moment2[index])
+
+    def current_lr(self) -> float:
+        """The rate the next step will use."""
+        return float(self.learning_rate.at(int(self.global_step.asnumpy())))
+
+    def apply(self, values, grads):
+        step = self.global_step + 1
+        ops.assign(self.global_step, step)
+        lr = self.learning_rate(step - 1)
+        t = ops.cast(step, ms.float32)
+        if self.bias_correction:
+            c1 = 1.0 - ops.pow(self.beta1, t)
+            c2 = 1.0 - ops.pow(self.beta2, t)
+        else:
+            c1 = ops.ones_like(t)
+            c2 = ops.ones_like(t)
+        out = ()
+        for i in range(len(self.parameters)):
+            out = out + (self._update(values[i], grads[i], self.moment1[i], self.moment2[i],
+                                      self.decay[i], lr, c1, c2),)
+        return out
+
+    def _update(self, p, g, m, v, decay, lr, c1, c2):
+        g32 = ops.cast(g, ms.float32)
+        p32 = ops.cast(p, ms.float32)
+        m_new = self.beta1 * ops.cast(m, ms.float32) + (1.0 - self.beta1) * g32
+        v_new = self.beta2 * ops.cast(v, ms.float32) + (1.0 - self.beta2) * g32 * g32
+        ops.assign(m, ops.cast(m_new, m.dtype))
+        ops.assign(v, ops.cast(v_new, v.dtype))
+        update = (m_new / c1) / (ops.sqrt(v_new / c2) + self.eps)
+        p_new = p32 - lr * (update + decay * p32)
+        return ops.cast(p_new, p.dtype)

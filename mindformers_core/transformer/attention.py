@@ -1,0 +1,90 @@
+"""Causal self-attention with grouped-query attention (GQA) and rotary positions.
+
+Written for one card, and correct unchanged on tensor-parallel shards: head counts are never
+baked in (reshapes use -1 for the heads dim, so a rank holding heads/tp heads just sees fewer),
+and the GQA repeat factor heads // groups is the same on every rank. Everything outside the
+projection, rotary and norm cells is plain matmul / transpose / reshape / softmax / arithmetic,
+which the sharding pass follows op by op.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from .config import TransformerConfig
+from .linear import ColumnParallelLinear, RowParallelLinear
+from .rotary import RotaryEmbedding
+
+MASK_VALUE = -1.0e9
+
+
+def causal_mask(seq_length: int) -> Tensor:
+    """Additive float32 mask (1, 1, s, s): 0 on and below the diagonal, -1e9 above."""
+    upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=1)
+    return Tensor((upper * MASK_VALUE)[None, None])
+
+
+class DotProductAttention(nn.Cell):
+    """softmax(q k^T / sqrt(d) + causal mask) v for q (b, n, s, d) and k, v (b, g, s, d) with
+    g key/value heads (each shared by n // g query heads); returns (b, s, n * d)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.repeat = config.num_attention_heads // config.query_groups
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.mask = causal_mask(config.seq_length)
+        self.compute_dtype = config.ms_compute_dtype
+        self.low_precision = config.compute_dtype != "float32"   # softmax in float32 either way
+        self.dropout_p = config.attention_dropout
+        self.use_dropout = config.attention_dropout > 0
+
+    def construct(self, q, k, v):
+        b, s = q.shape[0], q.shape[2]
+        if self.repeat > 1:
+            k = ops.repeat_interleave(k, self.repeat, 1)
+            v = ops.repeat_interleave(v, self.repeat, 1)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        if self.low_precision:
+            scores = ops.cast(scores, ms.float32)
+        probs = ops.softmax(scores * self.scale + self.mask, axis=-1)
+        if self.low_precision:
+            probs = ops.cast(probs, self.compute_dtype)
+        if self.use_dropout:
+            probs = ops.dropout(probs, p=self.dropout_p, training=self.training)
+        ctx = ops.matmul(probs, v)
+        return ops.transpose(ctx, (0, 2, 1, 3)).reshape(b, s, -1)
+
+
+class SelfAttention(nn.Cell):
+    """(b, s, h) -> (b, s, h): q/k/v projections (column-parallel), rotary on q and k, core
+    attention, output projection (row-parallel)."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int = 1):
+        super().__init__()
+        self.layer_number = layer_number
+        self.head_dim = config.head_dim
+        bias = config.add_bias_linear
+        q_size = config.num_attention_heads * config.head_dim
+        kv_size = config.query_groups * config.head_dim
+        self.linear_q = ColumnParallelLinear(config.hidden_size, q_size, config, bias=bias)
+        self.linear_k = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=bias)
+        self.linear_v = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=bias)
+        self.rotary = RotaryEmbedding(config)
+        self.core_attention = DotProductAttention(config)
+        self.linear_proj = RowParallelLinear(q_size, config.hidden_size, config, bias=bias)
+
+    def construct(self, x):
+        b, s = x.shape[0], x.shape[1]
+        q = self.linear_q(x).reshape(b, s, -1, self.head_dim)
+        k = self.linear_k(x).reshape(b, s, -1, self.head_dim)
+        v = self.linear_v(x).reshape(b, s, -1, self.head_dim)
+        q = self.rotary(q)
+        k = self.rotary(k)
+        q = ops.transpose(q, (0, 2, 1, 3))
+        k = ops.transpose(k, (0, 2, 1, 3))
+        v = ops.transpose(v, (0, 2, 1, 3))
+        ctx = self.core_attention(q, k, v)
+        return self.linear_proj(ctx)

@@ -1,0 +1,48 @@
+"""The stack of transformer layers, or the part of it one pipeline stage holds.
+
+The stage's layers come from :func:`mindformers_core.pipeline.stage_split.layers_of_stage`
+(the same split every pipeline component uses); each layer is built by ``layer_spec(config,
+layer_number)`` with its *global* number, so a stage builds exactly its own layers and gets the
+same weights they have in the full model. The final norm lives on the last stage only.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from mindspore import nn
+
+from ..pipeline.stage_split import layers_of_stage
+from .config import TransformerConfig
+from .layer import TransformerLayer
+from .norm import build_norm
+
+LayerSpec = Callable[[TransformerConfig, int], nn.Cell]
+
+
+def stage_of(config: TransformerConfig, pp_rank: int = 0, vp_stage: Optional[int] = None,
+             layers_per_stage: Optional[Sequence] = None):
+    """The :class:`StageLayers` of pipeline rank ``pp_rank``'s virtual stage ``vp_stage``."""
+    return layers_of_stage(config.num_layers, config.pipeline_model_parallel_size, pp_rank,
+                           config.virtual_pipeline_model_parallel_size, vp_stage, layers_per_stage)
+
+
+class TransformerBlock(nn.Cell):
+    """(b, s, h) -> (b, s, h) through this stage's layers (all of them when pp == 1)."""
+
+    def __init__(self, config: TransformerConfig, layer_spec: LayerSpec = TransformerLayer, pp_rank: int = 0,
+                 vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None,
+                 post_layer_norm: Optional[bool] = None):
+        super().__init__()
+        stage = stage_of(config, pp_rank, vp_stage, layers_per_stage)
+        self.stage = stage
+        self.layer_numbers = [i + 1 for i in stage.layers]
+        self.layers = nn.CellList([layer_spec(config, n) for n in self.layer_numbers])
+        self.has_final_layernorm = stage.has_output if post_layer_norm is None else post_layer_norm
+        self.final_layernorm = build_norm(config.hidden_size, config) if self.has_final_layernorm else None
+
+    def construct(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        if self.has_final_layernorm:
+            x = self.final_layernorm(x)
+        return x

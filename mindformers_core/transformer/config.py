@@ -1,0 +1,163 @@
+"""TransformerConfig: every size and switch of the transformer model, checked once up front.
+
+The model code reads only this object. Parallel sizes live here too, but the model never uses
+them to compute anything: they exist so that ``shard()`` declarations can build layouts
+(``config.layout``) and so that bad combinations (heads not divisible by the tensor-parallel
+size, ...) fail here, with the field, the value and the rule, before any process is started.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import mindspore as ms
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+NORMALIZATIONS = ("RMSNorm", "LayerNorm")
+ACTIVATIONS = ("swiglu", "gelu")
+POSITION_EMBEDDINGS = ("rope",)
+
+
+def _fail(field: str, value, rule: str):
+    raise ValueError(f"TransformerConfig: {field}={value!r}: {rule}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass
+class TransformerConfig:
+    """Megatron-style names. ``num_query_groups=None`` means multi-head attention (one key/value
+    head per query head); ``kv_channels=None`` means ``hidden_size // num_attention_heads``."""
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    seq_length: int
+    ffn_hidden_size: Optional[int] = None          # None = 4 * hidden_size
+    num_query_groups: Optional[int] = None
+    kv_channels: Optional[int] = None
+    normalization: str = "RMSNorm"
+    activation: str = "swiglu"
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    position_embedding_type: str = "rope"
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    layernorm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = False
+    add_bias_linear: bool = False
+    params_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    data_parallel_size: int = 1
+    tensor_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    sequence_parallel: bool = False
+
+    def __post_init__(self):
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size if _is_int(self.hidden_size) else None
+        self._check_sizes()
+        self._check_choices()
+        self._check_divisibility()
+        self._check_dtypes()
+
+    # ---- validation ----------------------------------------------------------------------
+    def _check_sizes(self):
+        for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
+                     "seq_length", "data_parallel_size", "tensor_model_parallel_size",
+                     "context_parallel_size", "pipeline_model_parallel_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                _fail(name, v, "must be an integer >= 1")
+        for name in ("num_query_groups", "kv_channels", "virtual_pipeline_model_parallel_size"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                _fail(name, v, "must be null/None or an integer >= 1")
+        for name in ("hidden_dropout", "attention_dropout"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v < 1.0:
+                _fail(name, v, "must be a probability in [0, 1)")
+        if not isinstance(self.rotary_percent, (int, float)) or not 0.0 < self.rotary_percent <= 1.0:
+            _fail("rotary_percent", self.rotary_percent, "must be in (0, 1]")
+        for name in ("rotary_base", "init_method_std", "layernorm_epsilon"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                _fail(name, v, "must be a number > 0")
+        for name in ("tie_word_embeddings", "add_bias_linear", "sequence_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "must be true or false")
+
+    def _check_choices(self):
+        for name, choices in (("normalization", NORMALIZATIONS), ("activation", ACTIVATIONS),
+                              ("position_embedding_type", POSITION_EMBEDDINGS),
+                              ("params_dtype", tuple(DTYPES)), ("compute_dtype", tuple(DTYPES))):
+            if getattr(self, name) not in choices:
+                _fail(name, getattr(self, name), f"must be one of {list(choices)}")
+
+    def _check_divisibility(self):
+        heads, tp = self.num_attention_heads, self.tensor_model_parallel_size
+        groups = self.query_groups
+        if self.kv_channels is None and self.hidden_size % heads:
+            _fail("hidden_size", self.hidden_size, f"must be divisible by num_attention_heads={heads} "
+                  "(or set kv_channels)")
+        if heads % tp:
+            _fail("num_attention_heads", heads, f"must be divisible by tensor_model_parallel_size={tp}")
+        if heads % groups:
+            _fail("num_query_groups", groups, f"must divide num_attention_heads={heads}")
+        if groups % tp:
+            _fail("num_query_groups", groups, f"must be divisible by tensor_model_parallel_size={tp} "
+                  "(every tensor-parallel rank needs whole key/value heads)")
+        if self.ffn_hidden_size % tp:
+            _fail("ffn_hidden_size", self.ffn_hidden_size, f"must be divisible by tensor_model_parallel_size={tp}")
+        if self.vocab_size % tp:
+            _fail("vocab_size", self.vocab_size, f"must be divisible by tensor_model_parallel_size={tp} "
+                  "(pad the vocabulary)")
+        if self.seq_length % self.context_parallel_size:
+            _fail("seq_length", self.seq_length,
+                  f"must be divisible by context_parallel_size={self.context_parallel_size}")
+        if self.sequence_parallel and self.seq_length % (tp * self.context_parallel_size):
+            _fail("seq_length", self.seq_length, "with sequence_parallel must be divisible by "
+                  f"tensor_model_parallel_size x context_parallel_size = {tp * self.context_parallel_size}")
+        rot = int(self.head_dim * self.rotary_percent)
+        if rot < 2 or rot % 2:
+            _fail("rotary_percent", self.rotary_percent, f"must rotate an even number >= 2 of the "
+                  f"head_dim={self.head_dim} channels (got {rot})")
+
+    def _check_dtypes(self):
+        if "bfloat16" in (self.params_dtype, self.compute_dtype) and ms.get_context("device_target") == "CPU":
+            name = "compute_dtype" if self.compute_dtype == "bfloat16" else "params_dtype"
+            _fail(name, "bfloat16", "MindSpore's CPU kernels have no bfloat16 MatMul/BatchMatMul/Softmax; "
+                  "use float32 or float16 on CPU")
+
+    # ---- derived sizes ---------------------------------------------------------------------
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads (== num_attention_heads for multi-head attention)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def ms_params_dtype(self):
+        return DTYPES[self.params_dtype]
+
+    @property
+    def ms_compute_dtype(self):
+        return DTYPES[self.compute_dtype]
+
+    @property
+    def layout(self):
+        """The (dp, cp, tp) device matrix of ``shard()`` declarations: ``config.layout("dp", "cp", "tp")``."""
+        from ..sharding import Layout   # imported on use: the model itself never needs it
+        return Layout((self.data_parallel_size, self.context_parallel_size, self.tensor_model_parallel_size),
+                      ("dp", "cp", "tp"))
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,93 @@
+"""GPTModel: embedding -> TransformerBlock -> output layer -> loss, on one card.
+
+With pipeline parallelism a stage builds a GPTModel for its own part: ``pre_process`` (the
+embedding, ids in) only on the first stage, ``post_process`` (final norm, output layer, loss)
+only on the last; by default both follow from the stage. Tied embeddings reuse the embedding
+table as the output weight (``logits = h @ E^T``); that needs both ends in the same model.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from mindspore import nn, ops
+
+from .block import TransformerBlock, stage_of
+from .config import TransformerConfig
+from .embedding import LanguageModelEmbedding
+from .init import init_weights
+from .layer import TransformerLayer
+from .linear import ColumnParallelLinear
+from .loss import VocabParallelCrossEntropy
+
+
+class TiedOutputLayer(nn.Cell):
+    """``x @ weight^T`` with the (vocab, hidden) embedding table passed in: one ``matmul`` op
+    (``transpose_b=True``) whose second input is the embedding weight, so a vocab-split table
+    gives vocab-split logits."""
+    sharding_op = "matmul"
+    sharding_params = ()
+
+    def sharding_attrs(self) -> dict:
+        return {"transpose_b": True}
+
+    def shard(self, config):
+        return None, None, None
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.compute_dtype = config.ms_compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x, weight):
+        x2 = ops.cast(x.reshape(-1, x.shape[-1]), self.compute_dtype)
+        out = self.matmul(x2, ops.cast(weight, self.compute_dtype))
+        return out.reshape(x.shape[:-1] + (-1,))
+
+
+class GPTModel(nn.Cell):
+    """``construct(input_ids, labels=None)``: the mean loss when labels are given, else logits
+    (b, s, vocab). Without ``pre_process`` the first argument is hidden states (b, s, h);
+    without ``post_process`` the result is hidden states."""
+
+    def __init__(self, config: TransformerConfig, pre_process: Optional[bool] = None,
+                 post_process: Optional[bool] = None, layer_spec=TransformerLayer, pp_rank: int = 0,
+                 vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None):
+        super().__init__()
+        self.config = config
+        stage = stage_of(config, pp_rank, vp_stage, layers_per_stage)
+        self.pre_process = stage.has_embedding if pre_process is None else pre_process
+        self.post_process = stage.has_output if post_process is None else post_process
+        self.tie = config.tie_word_embeddings
+        if self.tie and not (self.pre_process and self.post_process):
+            raise ValueError("GPTModel: tie_word_embeddings=True needs the embedding and the output layer in "
+                             f"the same model (pre_process={self.pre_process}, post_process={self.post_process}); "
+                             "with pipeline parallelism set tie_word_embeddings=False")
+        std = config.init_method_std
+        if self.pre_process:
+            self.embedding = LanguageModelEmbedding(config)
+            init_weights(self.embedding, "embedding", std)
+        self.decoder = TransformerBlock(config, layer_spec, pp_rank, vp_stage, layers_per_stage,
+                                        post_layer_norm=self.post_process)
+        if self.post_process:
+            if self.tie:
+                self.output_layer = TiedOutputLayer(config)
+            else:
+                self.output_layer = ColumnParallelLinear(config.hidden_size, config.vocab_size, config, bias=False)
+                init_weights(self.output_layer, "output_layer", std)
+            self.loss = VocabParallelCrossEntropy()
+
+    def construct(self, input_ids, labels=None):
+        if self.pre_process:
+            x = self.embedding(input_ids)
+        else:
+            x = input_ids
+        x = self.decoder(x)
+        if not self.post_process:
+            return x
+        if self.tie:
+            logits = self.output_layer(x, self.embedding.word_embeddings.weight)
+        else:
+            logits = self.output_layer(x)
+        if labels is None:
+            return logits
+        return self.loss(logits, labels)

@@ -1,0 +1,67 @@
+"""Rotary position embedding (RoPE), rotate-half convention (Llama / Hugging Face).
+
+``RotaryEmbedding`` holds constant cos/sin tables for ``config.seq_length`` positions, shaped
+(s, 1, head_dim) so they broadcast over (b, s, heads, head_dim). With ``rotary_percent < 1``
+only the first channels rotate: the tables hold cos = 1, sin = 0 for the rest, which keeps them
+broadcastable to x (what the ``rotary_embedding`` sharding rule expects). The cell is one op for
+the sharding pass; when the sequence is split, the pass slices the tables like x.
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from .config import TransformerConfig
+
+
+def rotary_tables(seq_length: int, head_dim: int, rotary_dim: int, base: float):
+    """(cos, sin) as float32 arrays of shape (seq_length, 1, head_dim)."""
+    inv_freq = 1.0 / (base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    freqs = np.outer(np.arange(seq_length, dtype=np.float64), inv_freq)
+    angles = np.concatenate([freqs, freqs], axis=-1)
+    cos = np.ones((seq_length, head_dim))
+    sin = np.zeros((seq_length, head_dim))
+    cos[:, :rotary_dim], sin[:, :rotary_dim] = np.cos(angles), np.sin(angles)
+    return cos[:, None, :].astype(np.float32), sin[:, None, :].astype(np.float32)
+
+
+class RotaryEmbedding(nn.Cell):
+    """``apply_rotary(x) = x * cos + rotate_half(x) * sin`` for x of shape (b, s, heads, head_dim);
+    requires s == seq_length (the tables' length)."""
+    sharding_op = "rotary_embedding"
+    sharding_params = ("cos", "sin")
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.rotary_dim = int(config.head_dim * config.rotary_percent)
+        self.half = self.rotary_dim // 2
+        self.partial = self.rotary_dim < self.head_dim
+        self.low_precision = config.compute_dtype != "float32"   # rotate in float32 either way
+        cos, sin = rotary_tables(config.seq_length, self.head_dim, self.rotary_dim, config.rotary_base)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+
+    def sharding_attrs(self) -> dict:
+        return {}
+
+    def shard(self, config: TransformerConfig):
+        return None, None, None
+
+    def construct(self, x):
+        return self.apply_rotary(x)
+
+    def apply_rotary(self, x):
+        dtype = x.dtype
+        if self.low_precision:
+            x = ops.cast(x, ms.float32)
+        x1 = x[:, :, :, :self.half]
+        x2 = x[:, :, :, self.half:self.rotary_dim]
+        if self.partial:
+            rotated = ops.cat((-x2, x1, x[:, :, :, self.rotary_dim:]), -1)
+        else:
+            rotated = ops.cat((-x2, x1), -1)
+        out = x * self.cos + rotated * self.sin
+        if self.low_precision:
+            out = ops.cast(out, dtype)
+        return out

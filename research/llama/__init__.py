@@ -1,0 +1,1 @@
+"""Llama written with mindformers_core.transformer (model code only)."""

@@ -1,0 +1,108 @@
+"""Llama (RMSNorm, SwiGLU, RoPE, grouped-query attention) on mindformers_core.transformer.
+
+Model code only: ``LlamaForCausalLM`` is a ``GPTModel`` with Llama's choices, and ``LlamaConfig``
+is a ``TransformerConfig`` that also reads MindFormers' ``model.model_config`` keys
+(``num_heads``, ``n_kv_heads``, ``rms_norm_eps``, ``rope_theta``, ``hidden_act``, ...).
+Parallelism is applied from outside by the sharding pass, from the parallel sizes in the config.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from mindformers_core.transformer import GPTModel, TransformerConfig, TransformerLayer
+
+# MindFormers model_config key -> TransformerConfig field (same value)
+_RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "ffn_hidden_size",
+            "num_heads": "num_attention_heads", "vocab_size": "vocab_size", "seq_length": "seq_length",
+            "rms_norm_eps": "layernorm_epsilon", "rope_theta": "rotary_base",
+            "tie_word_embeddings": "tie_word_embeddings", "compute_dtype": "compute_dtype",
+            "param_init_dtype": "params_dtype", "offset": "offset"}
+_ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
+_IGNORED = ("type", "max_position_embeddings")   # rotary tables are built for seq_length
+
+
+def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
+    """Llama's default MLP width: 2/3 of 4h, rounded up to a multiple of ``multiple_of``."""
+    width = int(2 * 4 * hidden_size / 3)
+    return multiple_of * ((width + multiple_of - 1) // multiple_of)
+
+
+@dataclass
+class LlamaConfig(TransformerConfig):
+    """TransformerConfig with Llama defaults. ``offset`` is MindFormers' pipeline layer split
+    (per-stage adjustments to num_layers // stages)."""
+    normalization: str = "RMSNorm"
+    activation: str = "swiglu"
+    position_embedding_type: str = "rope"
+    offset: Any = 0
+
+    def __post_init__(self):
+        if self.ffn_hidden_size is None and isinstance(self.hidden_size, int):
+            self.ffn_hidden_size = llama_ffn_hidden_size(self.hidden_size)
+        super().__post_init__()
+        self.layers_per_stage()   # validates offset
+
+    @classmethod
+    def from_model_config(cls, model_config: Mapping[str, Any], parallel_config: Optional[Mapping[str, Any]] = None,
+                          pipeline_interleave: int = 1) -> "LlamaConfig":
+        """From a MindFormers ``model.model_config`` mapping (and ``parallel_config``)."""
+        kwargs = {}
+        for key, value in dict(model_config).items():
+            if key in _IGNORED:
+                continue
+            if key in _RENAMED:
+                kwargs[_RENAMED[key]] = value
+            elif key == "hidden_act":
+                if value not in _ACTIVATIONS:
+                    raise ValueError(f"LlamaConfig: model_config.hidden_act={value!r}; supported: "
+                                     f"{sorted(_ACTIVATIONS)} (silu means the gated SwiGLU MLP)")
+                kwargs["activation"] = _ACTIVATIONS[value]
+            elif key in ("n_kv_heads", "num_query_groups"):
+                if value is not None and kwargs.get("num_query_groups") not in (None, value):
+                    raise ValueError(f"LlamaConfig: model_config.n_kv_heads and num_query_groups disagree "
+                                     f"({kwargs['num_query_groups']} vs {value}); give at most one")
+                if value is not None:
+                    kwargs["num_query_groups"] = value
+            elif key == "use_flash_attention":
+                if value:
+                    raise ValueError("LlamaConfig: model_config.use_flash_attention=True: there is no fused "
+                                     "attention kernel here (CPU); set it to False")
+            else:
+                raise ValueError(f"LlamaConfig: unknown model_config key {key!r}")
+        pc = dict(parallel_config or {})
+        kwargs.update(data_parallel_size=pc.get("data_parallel", 1),
+                      tensor_model_parallel_size=pc.get("model_parallel", 1),
+                      pipeline_model_parallel_size=pc.get("pipeline_stage", 1),
+                      context_parallel_size=pc.get("context_parallel", 1),
+                      sequence_parallel=bool(pc.get("use_seq_parallel", False)),
+                      virtual_pipeline_model_parallel_size=pipeline_interleave if pipeline_interleave > 1 else None)
+        return cls(**kwargs)
+
+    def layers_per_stage(self):
+        """MindFormers ``offset`` as layer counts per stage (None = uniform split)."""
+        stages = self.pipeline_model_parallel_size * (self.virtual_pipeline_model_parallel_size or 1)
+        offset = self.offset
+        if isinstance(offset, int) and not isinstance(offset, bool):
+            offset = [offset] * stages if offset else None
+        if offset is None:
+            return None
+        if not isinstance(offset, (list, tuple)) or len(offset) != stages:
+            raise ValueError(f"LlamaConfig: offset={self.offset!r} must be an int or a list of {stages} ints "
+                             f"(one per pipeline stage)")
+        base = self.num_layers // stages
+        counts = [base + int(o) for o in offset]
+        if sum(counts) != self.num_layers or min(counts) < 0:
+            raise ValueError(f"LlamaConfig: offset={self.offset!r} gives layer counts {counts} that do not sum to "
+                             f"num_layers={self.num_layers} (offsets must sum to num_layers % stages = "
+                             f"{self.num_layers % stages})")
+        return counts
+
+
+class LlamaForCausalLM(GPTModel):
+    """``construct(input_ids, labels=None)`` -> loss (labels given) or logits (b, s, vocab)."""
+
+    def __init__(self, config: LlamaConfig, pre_process: Optional[bool] = None, post_process: Optional[bool] = None,
+                 pp_rank: int = 0, vp_stage: Optional[int] = None):
+        layers_per_stage = config.layers_per_stage() if isinstance(config, LlamaConfig) else None
+        super().__init__(config, pre_process, post_process, TransformerLayer, pp_rank, vp_stage, layers_per_stage)
