@@ -166,6 +166,8 @@ SCHEMA = Section({
     }, "Learning-rate schedule."),
     "runner_config": Section({
         "epochs": F("int", 1, "Passes over the dataset.", min=1),
+        "max_steps": F("int", -1, "Stop after this many optimizer steps (-1 = the epochs decide)."),
+        "max_grad_norm": F("float", 1.0, "Global-norm gradient clipping (correct under dp/tp); 0 = off."),
         "batch_size": F("int", 1, "Samples per data-parallel rank per step.", min=1),
         "sink_mode": F("bool", False, "Data sinking (Ascend); ignored on CPU."),
         "sink_size": F("int", 1, "Steps per sink when sink_mode is on.", min=1),
