@@ -153,3 +153,46 @@ MODELS = {
     "block_sp": lambda: (WithLoss(Block(sequence_parallel=True), (4, 8, 16)), (4, 8, 16)),
     "sp_mlp": lambda: (WithLoss(SequenceParallelMLP(), (4, 8, 8)), (4, 8, 8)),
 }
+
+
+class PlainAttentionMLP(nn.Cell):
+    """A model with no shard() anywhere, built from MindSpore's nn.Dense (weight (out, in)):
+    parallelized from outside by a plan of styles."""
+
+    def __init__(self, h=16, heads=4, seq=8):
+        super().__init__()
+        self.head_dim = h // heads
+        self.q = nn.Dense(h, h, has_bias=False)
+        self.k = nn.Dense(h, h, has_bias=False)
+        self.v = nn.Dense(h, h, has_bias=False)
+        self.o = nn.Dense(h, h, has_bias=False)
+        self.norm = RMSNorm(h)
+        self.up = nn.Dense(h, 4 * h, has_bias=True)
+        self.down = nn.Dense(4 * h, h, has_bias=False)
+        for i, d in enumerate((self.q, self.k, self.v, self.o, self.up, self.down)):
+            d.weight.set_data(_init(tuple(d.weight.shape), 40 + i))
+        self.mask = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1).reshape(1, 1, seq, seq))
+        self.scale = 1.0 / np.sqrt(self.head_dim)
+
+    def construct(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        b, s, _ = q.shape
+        q = ops.transpose(q.reshape(b, s, -1, self.head_dim), (0, 2, 1, 3))
+        k = ops.transpose(k.reshape(b, s, -1, self.head_dim), (0, 2, 1, 3))
+        v = ops.transpose(v.reshape(b, s, -1, self.head_dim), (0, 2, 1, 3))
+        p = ops.softmax(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.scale + self.mask, axis=-1)
+        x = x + self.o(ops.transpose(ops.matmul(p, v), (0, 2, 1, 3)).reshape(b, s, -1))
+        return x + self.down(ops.relu(self.up(self.norm(x))))
+
+
+def plain_plan(sequence_parallel=False):
+    from mindformers_core.sharding.styles import ColWiseParallel, RowWiseParallel, SequenceParallel
+    out = "sequence" if sequence_parallel else "replicate"
+    plan = {"q": ColWiseParallel(), "k": ColWiseParallel(), "v": ColWiseParallel(),
+            "o": RowWiseParallel(output=out), "up": ColWiseParallel(), "down": RowWiseParallel(output=out)}
+    if sequence_parallel:
+        plan["norm"] = SequenceParallel()
+    return plan
+
+
+MODELS["plain"] = lambda: (WithLoss(PlainAttentionMLP(), (4, 8, 16)), (4, 8, 16))

@@ -1,5 +1,6 @@
-"""Propagation parity under msrun: models parallelized only by ``shard()`` declarations give the
-single-process loss and gradients (relative 1e-5), in PyNative and under ms.jit."""
+"""Propagation parity under msrun: models parallelized only by ``shard()`` declarations (and a
+model without any, parallelized by a plan of styles: "plain") give the single-process loss and
+gradients (relative 1e-5), in PyNative and under ms.jit."""
 import pytest
 
 from mindformers_core.testing import run_msrun
@@ -20,7 +21,7 @@ def _check(results, models):
 
 
 def test_tp2_mlp_attention_block_and_sp():
-    models = ["mlp", "attention", "block", "sp_mlp", "block_sp"]
+    models = ["mlp", "attention", "block", "sp_mlp", "block_sp", "plain", "plain_sp"]
     results = run_msrun("tests.bodies.sharding_body:run", 2, timeout=400,
                         kwargs={"models": models, "dp": 1, "tp": 2})
     _check(results, models)

@@ -11,7 +11,7 @@ data-parallel axis is among them for every replicated weight).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn
@@ -23,6 +23,7 @@ from .dtensor import mesh_of
 from .layout import Layout, as_layout
 from .local_kernels import VocabParallelCrossEntropy, VocabParallelLookup
 from .propagation import PlanError, ShardingPlan, collect_declarations, propagate
+from .styles import plan_declarations
 from .trace import Graph, trace
 
 
@@ -66,29 +67,37 @@ def _default_input_layouts(graph: Graph, mesh: Layout) -> List[Layout]:
     return out
 
 
-def plan_sharding(model: nn.Cell, config=None, *sample_inputs, mesh=None,
+def plan_sharding(model: nn.Cell, config=None, *sample_inputs, mesh=None, plan: Optional[Mapping] = None,
                   input_layouts: Optional[Sequence] = None, output_layouts: Optional[Sequence] = None
                   ) -> ShardingPlan:
     """Trace ``model`` on ``sample_inputs`` (global shapes: Tensors, arrays or ``(shape, dtype)``)
-    and propagate layouts. Nothing is communicated and the model is not changed."""
+    and propagate layouts. Nothing is communicated and the model is not changed. ``plan`` maps
+    Cell-name patterns to styles (``ColWiseParallel()``...) for models without ``shard()``; a
+    style overrides the matched Cell's own ``shard()``."""
     base = mesh_layout(config, mesh)
     if getattr(model, "mfc_sharding_plan", None) is not None:
         raise PlanError("this model is already parallelized; plan the original, unsharded model")
+    styled = plan_declarations(model, plan, base) if plan else {}
     graph = trace(model, *sample_inputs)
+    declarations = collect_declarations(graph, config)
+    declarations.update(styled)
     ins = list(input_layouts) if input_layouts is not None else _default_input_layouts(graph, base)
-    return propagate(graph, base, collect_declarations(graph, config), ins, list(output_layouts or ()))
+    return propagate(graph, base, declarations, ins, list(output_layouts or ()))
 
 
 def parallelize(model: nn.Cell, config=None, *sample_inputs, mesh=None, rank: Optional[int] = None,
-                input_layouts: Optional[Sequence] = None, output_layouts: Optional[Sequence] = None,
-                plan: Optional[ShardingPlan] = None) -> nn.Cell:
+                plan: Optional[Mapping] = None, input_layouts: Optional[Sequence] = None,
+                output_layouts: Optional[Sequence] = None, sharding_plan: Optional[ShardingPlan] = None) -> nn.Cell:
     """Shard ``model`` in place for this rank and return it (``model.mfc_sharding_plan`` holds the
-    plan). Call it on every rank with the same model, config and sample shapes. The model then
+    plan). Call it on every rank with the same model, config and sample shapes. ``plan``: styles by
+    Cell-name pattern for models without ``shard()`` (see ``styles.py``); ``sharding_plan``: a plan
+    made earlier by :func:`plan_sharding`. The model then
     takes this rank's local input shards (``plan.input_layouts``) and returns local output shards
     (``plan.output_layouts``)."""
-    if plan is None:
-        plan = plan_sharding(model, config, *sample_inputs, mesh=mesh, input_layouts=input_layouts,
-                             output_layouts=output_layouts)
+    if sharding_plan is None:
+        sharding_plan = plan_sharding(model, config, *sample_inputs, mesh=mesh, plan=plan,
+                                      input_layouts=input_layouts, output_layouts=output_layouts)
+    plan = sharding_plan
     if rank is None:
         from ..distributed.env import get_env
         rank = get_env().rank

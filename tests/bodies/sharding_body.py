@@ -6,7 +6,7 @@ from mindspore import Tensor
 
 from mindformers_core.distributed import get_env
 from mindformers_core.sharding.parallelize import GradientReducer, parallelize
-from tests.sharding_models import MODELS
+from tests.sharding_models import MODELS, plain_plan
 
 
 def _grad_fn(model):
@@ -26,14 +26,17 @@ def run(models, dp, tp, steps_jit=True):
     rank = get_env().rank
     out = {}
     for name in models:
-        ref, shape = MODELS[name]()
+        ref, shape = MODELS[name.replace("_sp", "") if name.startswith("plain") else name]()
         x = np.random.RandomState(7).standard_normal(shape).astype(np.float32)
         ref_fn, ref_params = _grad_fn(ref)
         ref_loss, ref_grads = ref_fn(Tensor(x))
         ref_grads = {p.name: g.asnumpy() for p, g in zip(ref_params, ref_grads)}
 
-        model, _ = MODELS[name]()
-        parallelize(model, {"dp": dp, "tp": tp}, x)
+        model, _ = MODELS[name.replace("_sp", "") if name.startswith("plain") else name]()
+        plan = None
+        if name.startswith("plain"):   # no shard() in the model: styles from outside
+            plan = {f"model.{k}": v for k, v in plain_plan(sequence_parallel=name.endswith("_sp")).items()}
+        parallelize(model, {"dp": dp, "tp": tp}, x, plan=plan)
         plan = model.mfc_sharding_plan
         local_x = x[plan.input_layouts[0].local_slice(shape, rank)]
         fn, params = _grad_fn(model)
