@@ -9,6 +9,8 @@ from .errors import DeadlockError, ScheduleError
 from .meta_step import MetaStep, MetaStepType
 from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge_microbatches,
                          split_microbatches)
+from .planner import (LayerCost, LayerProfile, StagePlan, auto_stage_plan, measure_layers, measure_stage_times,
+                      plan_stages, report, stage_times_from_trace)
 from .replay import StepTiming
 from .schedule import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
 from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
@@ -17,8 +19,9 @@ from .simulator import Timeline, simulate
 from .stage import StageInfo, stage_placement, stages_of_rank
 from .stage_split import (get_transformer_layer_offset, layers_of_stage, parse_layer_ranges,
                           split_model, stage_layer_ranges)
+from .svg import render_svg, save_svg
 from .validator import validate_schedule
-from .visualizer import render_text, to_chrome_trace
+from .visualizer import load_trace, render_text, save_trace, timeline_from_trace, to_chrome_trace, trace_to_dict
 
 __all__ = ["BUILTIN_SCHEDULES", "MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec", "get_transformer_layer_offset",
            "layers_of_stage", "merge_microbatches", "parse_layer_ranges", "split_microbatches",
@@ -26,4 +29,7 @@ __all__ = ["BUILTIN_SCHEDULES", "MicrobatchConfig", "ReplicateSpec", "TensorChun
            "PipelineScheduleSingle", "Schedule1F1B", "ScheduleError", "ScheduleGPipe",
            "ScheduleInterleaved1F1B", "ScheduleZeroBubbleH1", "ScheduleZeroBubbleV", "StageInfo",
            "StepCosts", "StepTiming", "Timeline", "add_communication", "render_text", "simulate",
-           "stage_placement", "stages_of_rank", "to_chrome_trace", "validate_schedule"]
+           "stage_placement", "stages_of_rank", "to_chrome_trace", "validate_schedule",
+           "LayerCost", "LayerProfile", "StagePlan", "auto_stage_plan", "measure_layers", "measure_stage_times",
+           "plan_stages", "report", "stage_times_from_trace",
+           "load_trace", "render_svg", "save_svg", "save_trace", "timeline_from_trace", "trace_to_dict"]

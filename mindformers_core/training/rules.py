@@ -115,6 +115,11 @@ def _layer_split(cfg: Dict[str, Any]) -> List[str]:
     if explicit is not None and has_offset:
         return [f"model.model_config.offset = {offset}: give either it or parallel.pipeline_config."
                 "layers_per_stage, not both"]
+    if isinstance(explicit, str):
+        if explicit != "auto":
+            return [f"parallel.pipeline_config.layers_per_stage = {explicit!r}: must be a list (layer counts or "
+                    "ranges per stage), 'auto' (measure and plan the split) or null (uniform)"]
+        return []
     if explicit is not None:
         from ..pipeline.stage_split import stage_layer_ranges  # the runtime's own splitter, same rules
         placement = "v" if pipe["pipeline_scheduler"] == "zbv" else "interleaved"

@@ -99,8 +99,9 @@ SCHEMA = Section({
             "pipeline_scheduler": F("str", "1f1b", "Pipeline schedule. gpipe/1f1b/zb_h1 need "
                                                    "pipeline_interleave 1, interleaved > 1, zbv exactly 2.",
                                     choices=PIPELINE_SCHEDULERS),
-            "layers_per_stage": F("list|null", None, "Explicit layer split (ours): layer counts per stage "
-                                                      "([3, 5]) or layer ranges (['0-2', '3-7'])."),
+            "layers_per_stage": F("list|str|null", None, "Explicit layer split (ours): layer counts per stage "
+                                                          "([3, 5]) or layer ranges (['0-2', '3-7']); 'auto' = "
+                                                          "measure the layers and plan (pipeline.planner)."),
         }, "Pipeline schedule choice."),
     }, "Parallel features beyond the sizes."),
     "recompute_config": Section({
