@@ -93,7 +93,7 @@ class AdamW(Optimizer):
 
     @staticmethod
     def _zeros(p: Parameter, prefix: str) -> Parameter:
-        return Parameter(Tensor(np.zeros(p.shape, ms.dtype_to_nptype(p.dtype))),
+        return Parameter(ops.zeros(tuple(p.shape), p.dtype),
                          name=f"{prefix}.{p.name}", requires_grad=False)
 
     def state_of(self, index: int) -> Tuple[Parameter, ...]:

@@ -1,0 +1,330 @@
+"""``hsdp(cell, ...)``: ZeRO level1/2/3 over the data-parallel domain, in PyNative and ``ms.jit``.
+
+::
+
+    wrapped = hsdp(model, shard_size=2, threshold=64, optimizer_level="level2")
+    opt = AdamW(wrapped.trainable_params(), learning_rate=1e-3)
+    step = wrapped.train_step(loss_fn, opt, mode="jit")   # shards opt's states
+    for x, y in batches:                                  # this rank's slice of the global batch
+        loss = step(x, y)                                 # global-batch mean loss
+
+See ``plan.py`` for how ranks and parameters are split, ``step.py`` for the step's Cells and
+docs/hsdp.md for the whole story.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn
+
+from ..distributed.env import get_env
+from ..distributed.process_group import ProcessGroup, new_group
+from . import plan as P
+from .step import Accumulate, Comm, Drain, Gather, GradReducer, ShardedUpdate, accumulation_buffers
+
+_IDS = itertools.count()
+
+
+def _dp_ranks(dp_group) -> List[int]:
+    """The data-parallel ranks, without creating any group."""
+    if dp_group is None:
+        from ..distributed import parallel_state
+        if parallel_state.model_parallel_is_initialized():
+            return list(parallel_state.get_data_parallel_group(with_context_parallel=True).ranks)
+        return list(range(get_env().world_size))
+    if isinstance(dp_group, ProcessGroup):
+        return list(dp_group.ranks)
+    if isinstance(dp_group, (list, tuple, range)):
+        ranks = [int(r) for r in dp_group]
+        if not ranks or len(set(ranks)) != len(ranks):
+            raise ValueError(f"hsdp: dp_group={list(dp_group)} must be a non-empty list of distinct ranks")
+        return ranks
+    raise TypeError(f"hsdp: dp_group={dp_group!r} must be a ProcessGroup, a list of ranks or None")
+
+
+def hsdp(cell: nn.Cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str = "level1",
+         accumulate_grad_step: int = 1, dp_group=None) -> "HSDPCell":
+    """Wrap ``cell`` for hybrid sharded data parallel (see the module docstring).
+
+    ``shard_size``: data-parallel ranks sharing one copy of the sharded state (1 = pure data
+    parallel, -1 or the dp size = full ZeRO; in between, shard inside groups of ``shard_size``
+    consecutive dp ranks and replicate across them). ``threshold``: parameters smaller than this
+    many KB stay unsharded. ``optimizer_level``: ``level1`` shards optimizer states, ``level2``
+    also gradients, ``level3`` also parameters. ``accumulate_grad_step``: micro-steps per
+    optimizer step (gradients averaged; communication on the last micro-step only).
+    ``dp_group``: ProcessGroup or rank list; default: parallel_state's data(-context)-parallel
+    group if initialized, else the world. Bad arguments raise ValueError before any group exists.
+    """
+    if not isinstance(cell, nn.Cell):
+        raise TypeError(f"hsdp: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
+    ranks = _dp_ranks(dp_group)
+    size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
+    return HSDPCell(cell, ranks, size, float(threshold), optimizer_level, accumulate_grad_step)
+
+
+class HSDPCell(nn.Cell):
+    """The wrapped model: calls ``cell`` and owns the sharding plan, groups and collectives."""
+
+    def __init__(self, cell: nn.Cell, dp_ranks: Sequence[int], shard_size: int, threshold: float,
+                 level: str, accumulate_grad_step: int):
+        super().__init__(auto_prefix=False)
+        env = get_env()
+        self.network = cell
+        self.level, self.shard_size, self.threshold = level, shard_size, threshold
+        self.accumulate_grad_step = accumulate_grad_step
+        shard_ranks, replica_ranks = P.shard_rank_lists(dp_ranks, shard_size, env.rank)
+        # creation order is the same on every rank: dp, shard, replica
+        self.dp_group = new_group(dp_ranks)
+        self.shard_group = new_group(shard_ranks)
+        self.replica_group = new_group(replica_ranks)
+        self._tag = f"{next(_IDS)}"
+        index = self.shard_group.local_rank
+        # a plain list attribute: nn.Cell would register (and rename) a list of Parameters
+        object.__setattr__(self, "_hsdp_params", list(cell.trainable_params()))
+        self.plans: Dict[int, P.ParamPlan] = {}
+        for p in self._hsdp_params:
+            plan = P.plan_param(p.name, p.shape, p.itemsize, shard_size, threshold, index)
+            if getattr(p, "mfc_layout", None) is not None:   # already a tensor-parallel shard
+                plan = dataclasses.replace(plan, reason=plan.reason + " (of the local tp shard)")
+            self.plans[id(p)] = plan
+        self.collectives = Parameter(Tensor(np.zeros((1,), np.float32)), name=f"hsdp_calls_{self._tag}",
+                                     requires_grad=False)
+        self.comm = Comm(self.dp_group, self.shard_group, self.replica_group, self.collectives)
+        self.gather = Gather([pl for _, pl in self._sharded()], self.comm)
+        self._full = True
+        if level == "level3":
+            self._reshard()
+        self._updaters: Dict[int, ShardedUpdate] = {}
+        self._reducers: Dict[tuple, GradReducer] = {}
+
+    # ---- model ------------------------------------------------------------------------------
+    def construct(self, *args, **kwargs):
+        return self.network(*args, **kwargs)
+
+    def plan_of(self, param) -> P.ParamPlan:
+        return self.plans[id(param)]
+
+    def describe(self) -> str:
+        """A table: every parameter, its shape, whether and how it is sharded."""
+        return P.describe([self.plans[id(p)] for p in self._hsdp_params], self.level, self.shard_size)
+
+    def collective_count(self) -> int:
+        """Collectives issued by this wrapper so far (gradient, parameter and loss reductions)."""
+        return int(self.collectives.asnumpy()[0])
+
+    # ---- level3: parameters held as shards between steps -------------------------------------
+    def _sharded(self):
+        return [(p, self.plans[id(p)]) for p in self._hsdp_params if self.plans[id(p)].sharded]
+
+    def _unshard(self) -> None:
+        """Level3: gather every sharded parameter into its full shape (in place)."""
+        if self._full:
+            return
+        pairs = self._sharded()
+        if pairs:
+            fulls = self.gather(tuple(p for p, _ in pairs))
+            for (p, _), full in zip(pairs, fulls):
+                p.set_data(full, slice_shape=True)
+        self._full = True
+
+    def _reshard(self, shards: Optional[Sequence[Tensor]] = None) -> None:
+        """Level3: keep only this rank's shard of every sharded parameter (given, or cut from the
+        full value)."""
+        pairs = self._sharded()
+        if shards is None:
+            shards = []
+            for p, plan in pairs:
+                if tuple(p.shape) == plan.shard_shape and plan.shard_shape != plan.shape:
+                    shards.append(None)   # already a shard
+                    continue
+                index = [slice(None)] * len(plan.shape)
+                index[plan.dim] = slice(plan.offset, plan.offset + plan.shard_shape[plan.dim])
+                shards.append(Tensor(p.asnumpy()[tuple(index)]))
+        for (p, _), s in zip(pairs, shards):
+            if s is not None:
+                p.set_data(s, slice_shape=True)
+        self._full = False
+
+    @contextlib.contextmanager
+    def unsharded(self) -> Iterator["HSDPCell"]:
+        """Level3: full parameters inside the block (e.g. evaluation, saving); shards after it.
+        Changes made to the full parameters inside the block are kept. No-op at level1/2."""
+        if self.level != "level3":
+            yield self
+            return
+        self._unshard()
+        try:
+            yield self
+        finally:
+            if self._full:
+                self._reshard()
+
+    def gather_full_params(self) -> Dict[str, np.ndarray]:
+        """Every trainable parameter's full local value, by name (collective at level3)."""
+        with self.unsharded():
+            return {p.name: p.asnumpy().copy() for p in self._hsdp_params}
+
+    # ---- optimizer ----------------------------------------------------------------------------
+    def _order(self, optimizer) -> List[P.ParamPlan]:
+        params = getattr(optimizer, "parameters", None)
+        if params is None or not hasattr(optimizer, "apply") or not hasattr(optimizer, "state_of"):
+            raise TypeError(f"hsdp: optimizer {type(optimizer).__name__} must follow the "
+                            "mindformers_core.optim.Optimizer protocol (parameters, apply, state_of); "
+                            "use mindformers_core.optim.AdamW")
+        out = []
+        for p in params:
+            if id(p) not in self.plans:
+                raise ValueError(f"hsdp: the optimizer updates {p.name!r}, which is not a trainable "
+                                 "parameter of the wrapped cell; build it from wrapped.trainable_params()")
+            out.append(self.plans[id(p)])
+        return out
+
+    def shard_optimizer(self, optimizer):
+        """Shrink the optimizer's states of sharded parameters to this rank's shard (in place,
+        same Parameter objects). Idempotent; returns the optimizer."""
+        plans = self._order(optimizer)
+        for i, plan in enumerate(plans):
+            if not plan.sharded:
+                continue
+            for state in optimizer.state_of(i):
+                shape = tuple(state.shape)
+                if shape == plan.shard_shape:
+                    continue
+                if shape != plan.shape:
+                    raise ValueError(f"hsdp: optimizer state {state.name!r} has shape {shape}; expected "
+                                     f"{plan.shape} (full) or {plan.shard_shape} (shard)")
+                index = [slice(None)] * len(shape)
+                index[plan.dim] = slice(plan.offset, plan.offset + plan.shard_shape[plan.dim])
+                state.set_data(Tensor(state.asnumpy()[tuple(index)]), slice_shape=True)
+        return optimizer
+
+    # ---- the manual pair (PyNative) -----------------------------------------------------------
+    def reduce_gradients(self, grads: Sequence[Tensor], params: Optional[Sequence[Parameter]] = None):
+        """Average ``grads`` (of ``params``, default ``trainable_params()``) over the dp group:
+        full tensors for unsharded parameters and at level1, this rank's shard at level2/3."""
+        params = list(params) if params is not None else self._hsdp_params
+        key = tuple(id(p) for p in params)
+        reducer = self._reducers.get(key)
+        if reducer is None:
+            plans = [self.plans[id(p)] for p in params]
+            reducer = self._reducers[key] = GradReducer(plans, self.level, self.comm,
+                                                        1.0 / self.dp_group.size)
+        return reducer(tuple(grads), Tensor(np.zeros((), np.float32)))[0]
+
+    def _updater(self, optimizer) -> ShardedUpdate:
+        up = self._updaters.get(id(optimizer))
+        if up is None:
+            plans = self._order(optimizer)
+            self.shard_optimizer(optimizer)
+            up = self._updaters[id(optimizer)] = ShardedUpdate(optimizer, plans, self.level, self.comm)
+        return up
+
+    def apply_gradients(self, grads: Sequence[Tensor], optimizer) -> None:
+        """Step ``optimizer`` with reduced gradients (from ``reduce_gradients``, in the optimizer's
+        parameter order). Level3: call it while ``unsharded()``; parameters are shards afterwards."""
+        if self.level == "level3" and not self._full:
+            raise RuntimeError("hsdp level3: apply_gradients needs the full parameters; compute the "
+                               "gradients and apply them inside `with wrapped.unsharded():`")
+        shards = self._updater(optimizer)(tuple(grads))
+        if self.level == "level3":
+            self._reshard(shards)
+
+    # ---- the training step ------------------------------------------------------------------
+    def train_step(self, loss_fn: Callable, optimizer, mode: str = "pynative",
+                   max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
+                   norm_weights: Optional[Sequence[float]] = None) -> "TrainStep":
+        """A callable ``step(*batch) -> loss`` doing one micro-step (see ``TrainStep``)."""
+        return TrainStep(self, loss_fn, optimizer, mode, max_grad_norm, norm_groups, norm_weights)
+
+
+class TrainStep:
+    """One micro-step per call: ``loss_fn(*batch)`` (a function or Cell computing the loss of
+    this rank's batch with the wrapped model), gradients, and on every
+    ``accumulate_grad_step``-th call the reduction, optional clipping and the optimizer step.
+
+    Returns this micro-step's local loss, except on the last micro-step: the loss averaged over
+    the micro-steps and the data-parallel group (the global-batch loss for a mean loss).
+
+    ``mode="jit"`` compiles two graphs (accumulate-only and full step); the parameters are passed
+    to them as arguments, so level3's in-place gather/shrink (done eagerly around the compiled
+    step) is seen by the graph. ``max_grad_norm`` clips by the global norm: sharded gradient
+    pieces count once, pieces replicated over the shard group ``1/shard_size`` times each;
+    ``norm_groups`` (e.g. tensor- and pipeline-parallel groups) and ``norm_weights`` (per
+    parameter, e.g. ``optim.replication_weights``) extend it to model parallelism.
+    """
+
+    def __init__(self, wrapped: HSDPCell, loss_fn: Callable, optimizer, mode: str = "pynative",
+                 max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
+                 norm_weights: Optional[Sequence[float]] = None):
+        if mode not in ("pynative", "jit"):
+            raise ValueError(f"train_step: mode={mode!r}; valid modes are 'pynative' and 'jit'")
+        self.wrapped, self.mode = wrapped, mode
+        plans = wrapped._order(optimizer)
+        self.params = tuple(optimizer.parameters)
+        k, dp = wrapped.accumulate_grad_step, wrapped.dp_group.size
+        self.k, self.micro = k, 0
+        self.grad_fn = ms.value_and_grad(loss_fn, None, ParameterTuple(self.params))
+        self.reducer = GradReducer(plans, wrapped.level, wrapped.comm, 1.0 / (dp * k))
+        self.updater = wrapped._updater(optimizer)
+        self.clipper = None
+        if max_grad_norm is not None:
+            from ..optim.clip import ClipGradNorm
+            level, s = wrapped.level, wrapped.shard_size
+            weights = [1.0 if (pl.sharded and level != "level1") else 1.0 / s for pl in plans]
+            if norm_weights is not None:
+                if len(norm_weights) != len(plans):
+                    raise ValueError(f"train_step: norm_weights has {len(norm_weights)} entries for "
+                                     f"{len(plans)} parameters")
+                weights = [w * float(u) for w, u in zip(weights, norm_weights)]
+            groups = ([wrapped.shard_group] if s > 1 else []) + list(norm_groups)
+            self.clipper = ClipGradNorm(max_grad_norm, groups, weights)
+        self.accumulate = self.drain = None
+        if k > 1:
+            bufs, loss_buf = accumulation_buffers(plans, self.params, wrapped._tag)
+            self.accumulate, self.drain = Accumulate(bufs, loss_buf), Drain(bufs, loss_buf)
+        self._fns: Dict[int, tuple] = {}
+
+    def _build(self, n: int):
+        grad_fn, reducer, updater = self.grad_fn, self.reducer, self.updater
+        clipper, accumulate, drain = self.clipper, self.accumulate, self.drain
+        accumulating, clipping = drain is not None, clipper is not None
+
+        def micro_step(*args):
+            loss, grads = grad_fn(*args[:n])
+            return accumulate(grads, loss)
+
+        def full_step(*args):
+            loss, grads = grad_fn(*args[:n])
+            if accumulating:
+                grads, loss = drain(grads, loss)
+            grads, loss = reducer(grads, loss)
+            if clipping:
+                grads, _ = clipper(grads)
+            shards = updater(grads)
+            return loss, shards
+
+        if self.mode == "jit":
+            return ms.jit(micro_step), ms.jit(full_step)
+        return micro_step, full_step
+
+    def __call__(self, *batch):
+        fns = self._fns.get(len(batch))
+        if fns is None:
+            fns = self._fns[len(batch)] = self._build(len(batch))
+        micro_step, full_step = fns
+        level3 = self.wrapped.level == "level3"
+        if level3:
+            self.wrapped._unshard()   # once per optimizer step (kept over micro-steps)
+        if self.micro < self.k - 1:
+            self.micro += 1
+            return micro_step(*batch, *self.params)
+        self.micro = 0
+        loss, shards = full_step(*batch, *self.params)
+        if level3:
+            self.wrapped._reshard(shards)
+        return loss

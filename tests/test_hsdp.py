@@ -1,0 +1,187 @@
+"""hsdp in one process: argument validation (before any group exists), rank groups, the
+per-parameter plan, ZeRO formulas, bucket layouts, and training parity on a one-rank world."""
+import numpy as np
+import mindspore as ms
+import pytest
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindformers_core.hsdp import api as hsdp_api
+from mindformers_core.hsdp import describe, hsdp, plan_param, shard_rank_lists, zero_bytes
+from mindformers_core.hsdp.step import Comm, Gather, GradReducer
+from mindformers_core.optim import AdamW
+from tests.bodies import hsdp_body as body
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"optimizer_level": "level4"},
+     r"optimizer_level='level4' is not valid; valid values are 'level1', 'level2', 'level3'"),
+    ({"optimizer_level": "zero2"}, "optimizer_level='zero2'"),
+    ({"shard_size": 3}, r"shard_size=3 must divide the data-parallel size 4; valid values are -1 "
+                        r"\(all 4 data-parallel ranks\) or one of \[1, 2, 4\]"),
+    ({"shard_size": 0}, "shard_size=0 must divide"),
+    ({"shard_size": 2.0}, "shard_size=2.0 must divide"),
+    ({"threshold": -1}, "threshold=-1 must be a number of KB >= 0"),
+    ({"accumulate_grad_step": 0}, "accumulate_grad_step=0 must be an integer >= 1"),
+])
+def test_bad_arguments_fail_before_any_group(monkeypatch, kwargs, message):
+    def no_groups(ranks):
+        raise AssertionError(f"a group {ranks} was created before validation")
+    monkeypatch.setattr(hsdp_api, "new_group", no_groups)
+    with pytest.raises(ValueError, match=message):
+        hsdp(nn.Dense(2, 2), dp_group=[0, 1, 2, 3], **kwargs)
+
+
+def test_bad_cell_and_group_types():
+    with pytest.raises(TypeError, match="cell must be a mindspore.nn.Cell"):
+        hsdp(lambda x: x)
+    with pytest.raises(TypeError, match="dp_group="):
+        hsdp(nn.Dense(2, 2), dp_group="dp")
+    with pytest.raises(ValueError, match=r"shard_size=2 must divide the data-parallel size 1"):
+        hsdp(nn.Dense(2, 2), shard_size=2)   # the default group is the one-rank world here
+
+
+def test_shard_and_replica_groups():
+    ranks = list(range(8))
+    assert shard_rank_lists(ranks, 2, 5) == ([4, 5], [1, 3, 5, 7])
+    assert shard_rank_lists(ranks, 4, 5) == ([4, 5, 6, 7], [1, 5])
+    assert shard_rank_lists(ranks, 8, 5) == (ranks, [5])
+    assert shard_rank_lists(ranks, 1, 5) == ([5], ranks)
+    # a data-parallel group with a stride (tp=2): shard inside consecutive dp ranks
+    assert shard_rank_lists([1, 3, 5, 7], 2, 5) == ([5, 7], [1, 5])
+    with pytest.raises(ValueError, match="rank 2 is not in the data-parallel group"):
+        shard_rank_lists([1, 3, 5, 7], 2, 2)
+
+
+def test_plan_param():
+    p = plan_param("w", (64, 16), 4, 4, 1, shard_index=3)
+    assert (p.sharded, p.dim, p.shard_shape, p.offset) == (True, 0, (16, 16), 48)
+    p = plan_param("w2", (6, 64), 4, 4, 1, shard_index=1)       # dim 0 not divisible: dim 1
+    assert (p.sharded, p.dim, p.shard_shape, p.offset) == (True, 1, (6, 16), 16)
+    assert not plan_param("b", (64,), 4, 4, 1, 0).sharded        # 0.25 KB < 1 KB
+    assert "threshold" in plan_param("b", (64,), 4, 4, 1, 0).reason
+    assert plan_param("b", (64,), 4, 4, 0, 0).sharded            # threshold 0: everything
+    assert not plan_param("odd", (5, 7), 4, 2, 0, 0).sharded
+    assert "no dim" in plan_param("odd", (5, 7), 4, 2, 0, 0).reason
+    assert not plan_param("w", (64, 16), 4, 1, 0, 0).sharded      # shard_size 1 = data parallel
+    text = describe([plan_param("w", (64, 16), 4, 4, 1, 0), plan_param("b", (64,), 4, 4, 1, 0)], "level3", 4)
+    assert "w" in text and "(16, 16)" in text and "sharded 4.0 KB of 4.2 KB" in text
+
+
+def test_zero_formulas():
+    plans = [plan_param("w", (256, 256), 4, 4, 64, 0), plan_param("b", (256,), 4, 4, 64, 0)]
+    big, small = 256 * 256 * 4, 256 * 4
+    assert zero_bytes(plans, "level1", 4) == {"params": big + small, "grads": big + small,
+                                              "optimizer": 2 * (big / 4 + small)}
+    assert zero_bytes(plans, "level2", 4)["grads"] == big / 4 + small
+    assert zero_bytes(plans, "level3", 4) == {"params": big / 4 + small, "grads": big / 4 + small,
+                                              "optimizer": 2 * (big / 4 + small)}
+    assert zero_bytes(plans, "level3", 4, ignore_threshold=True)["params"] == (big + small) / 4
+
+
+class _Rows(nn.Cell):
+    """Fake shard-group collectives for rank 0 of 2 in one process: the reduce-scatter keeps row 0
+    (only this rank contributes), the all-gather stacks this rank's row and ``2 * row + 1``."""
+
+    def __init__(self, gather):
+        super().__init__()
+        self.gather = gather
+
+    def construct(self, x):
+        if self.gather:
+            return ops.concat((x, 2 * x + 1), 0)
+        return x[0:1]
+
+
+def _fake_comm(shard_size=2):
+    comm = Comm.__new__(Comm)
+    comm.shard_size = shard_size
+    comm.dp_sum = comm.replica_sum = _Id()
+    comm.reduce_scatter, comm.all_gather = _Rows(False), _Rows(True)
+    return comm
+
+
+class _Id(nn.Cell):
+    def construct(self, x):
+        return x
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_bucket_layout_for_dim0_and_dim1_shards(mode):
+    plans = [plan_param("a", (4, 6), 4, 2, 0, 0), plan_param("b", (3, 8), 4, 2, 0, 0),
+             plan_param("c", (5,), 4, 2, 1, 0)]
+    assert [p.dim for p in plans] == [0, 1, None]
+    rng = np.random.default_rng(0)
+    grads = tuple(Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in plans)
+    comm = _fake_comm()
+    reducer = GradReducer(plans, "level2", comm, 0.5)
+    gather = Gather([plans[0], plans[1]], comm)
+    run_r = ms.jit(_call2(reducer)) if mode == "jit" else reducer
+    run_g = ms.jit(_call1(gather)) if mode == "jit" else gather
+    out, loss = run_r(grads, Tensor(np.float32(3.0)))
+    g = [x.asnumpy() for x in grads]
+    np.testing.assert_allclose(out[0].asnumpy(), 0.5 * g[0][:2], rtol=1e-6)
+    np.testing.assert_allclose(out[1].asnumpy(), 0.5 * g[1][:, :4], rtol=1e-6)
+    np.testing.assert_allclose(out[2].asnumpy(), 0.5 * g[2], rtol=1e-6)
+    assert float(loss.asnumpy()) == 1.5
+    full = run_g((Tensor(g[0][:2]), Tensor(g[1][:, :4])))
+    np.testing.assert_allclose(full[0].asnumpy(), np.concatenate([g[0][:2], 2 * g[0][:2] + 1], 0), rtol=1e-6)
+    np.testing.assert_allclose(full[1].asnumpy(), np.concatenate([g[1][:, :4], 2 * g[1][:, :4] + 1], 1),
+                               rtol=1e-6)
+
+
+def _call1(cell):
+    def fn(x):
+        return cell(x)
+    return fn
+
+
+def _call2(cell):
+    def fn(x, y):
+        return cell(x, y)
+    return fn
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+@pytest.mark.parametrize("level", ["level1", "level3"])
+def test_one_rank_world_equals_plain_training(mode, level):
+    result = body.train(level, 1, mode)
+    ref_losses, ref_params = body.reference()
+    np.testing.assert_allclose(result["losses"], ref_losses, rtol=1e-5)
+    for name, ref in ref_params.items():
+        np.testing.assert_allclose(result["params"][name], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert result["counts"] == [[0]] * body.STEPS   # one rank: no collectives at all
+
+
+def test_one_rank_accumulation_equals_full_batch():
+    result = body.train("level2", 1, "pynative", accumulate=2, steps=body.SHORT)
+    ref_losses, ref_params = body.reference(body.SHORT)
+    np.testing.assert_allclose(result["losses"], ref_losses, rtol=1e-5)
+    for name, ref in ref_params.items():
+        np.testing.assert_allclose(result["params"][name], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_manual_pair_equals_train_step():
+    net = body.MLP()
+    wrapped = hsdp(net, threshold=body.THRESHOLD_KB, optimizer_level="level1")
+    opt = wrapped.shard_optimizer(body.optimizer(wrapped.trainable_params()))
+    grad_fn = ms.value_and_grad(body.Loss(wrapped), None, opt.parameters)
+    losses = []
+    for s in range(body.STEPS):
+        x, y = body.data(s)
+        loss, grads = grad_fn(Tensor(x), Tensor(y))
+        wrapped.apply_gradients(wrapped.reduce_gradients(grads), opt)
+        losses.append(float(loss.asnumpy()))
+    np.testing.assert_allclose(losses, body.reference()[0], rtol=1e-5)
+
+
+def test_optimizer_checks():
+    net = body.MLP()
+    wrapped = hsdp(net)
+    with pytest.raises(TypeError, match="must follow the mindformers_core.optim.Optimizer protocol"):
+        wrapped.train_step(body.Loss(wrapped), nn.Adam(net.trainable_params()))
+    stranger = Parameter(Tensor(np.zeros((2,), np.float32)), name="stranger")
+    with pytest.raises(ValueError, match="updates 'stranger', which is not a trainable parameter"):
+        wrapped.shard_optimizer(AdamW([stranger]))
+    with pytest.raises(ValueError, match="mode='graph'; valid modes are 'pynative' and 'jit'"):
+        wrapped.train_step(body.Loss(wrapped), AdamW(net.trainable_params()), mode="graph")
+    assert "fc1.weight" in wrapped.describe()
