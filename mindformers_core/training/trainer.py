@@ -1,35 +1,50 @@
 """The YAML-driven trainer behind ``run_mindformer.py``.
 
-Order of construction (each step validated before the next, errors before any process group):
-config → distributed init → tokenizer and data (each data-parallel rank its own slice) → model
-(``research/llama``) → ``parallelize`` (tensor/sequence parallel from the layers' ``shard()``) →
-optimizer (AdamW + lr schedule, global-norm clipping) → resume → train loop. The same loop runs
-eagerly (``context.mode: 1``) or as one compiled step (``mode: 0``, ``ms.jit``).
+Order of construction (errors as early as possible):
 
-Wired today: data parallel, tensor parallel, sequence parallel. ``pipeline_stage > 1`` and the
-``hsdp`` block are validated but not yet wired into this trainer: it says so and stops.
+1. ``Trainer(config)``: checks what the trainer itself supports (pipeline/context parallel are not
+   wired), the data and tokenizer files, the tokenizer's vocabulary against ``vocab_size``, the
+   checkpoint to load — all before any process group exists, as one :class:`ConfigError`.
+2. ``setup()``: distributed init → tokenizer and data (each data-parallel rank its own slice) →
+   model (``research/llama``) → ``parallelize`` (tensor/sequence parallel from the layers'
+   ``shard()``) → optimizer (AdamW + lr schedule, global-norm clipping).
+3. ``train()``: load/resume → loop. The same loop runs eagerly (``context.mode: 1``) or as one
+   compiled step (``mode: 0``, ``ms.jit``).
+
+Wired today: data parallel, tensor parallel, sequence parallel. ``pipeline_stage > 1`` and
+``context_parallel > 1`` are validated by the schema but not wired into this trainer: it says so
+and stops. Recompute, swap and the parallel optimizer (memory-only features) are ignored with a
+warning. See docs/quickstart.md.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
+import shutil
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from ..checkpoint import load_checkpoint, load_training_state, save_checkpoint
-from ..checkpoint.load import load_optimizer_state
+from ..checkpoint import (CheckpointError, list_steps, load_checkpoint, load_optimizer_state, load_training_state,
+                          save_checkpoint, shard_single_file)
+from ..checkpoint.format import METADATA, TRACKER, read_tracker
 from ..data.corpus import build_corpus
-from ..data.dataset import PackedDataset
+from ..data.dataset import PackedDataset, tokenize_to_cache
 from ..data.tokenizer import LlamaTokenizer, train_tokenizer
 from ..distributed.env import get_env, init_distributed
 from ..optim import AdamW, ClipGradNorm, build_lr_schedule, replication_weights
 from ..sharding.parallelize import GradientReducer, parallelize
 from .config import Config, ConfigError
+
+MODELS = ("LlamaForCausalLM",)
+BUILTIN_CORPUS_BYTES = 2_000_000
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_JSONL = (".jsonl", ".json")
 
 
 def _log(rank: int, text: str) -> None:
@@ -42,86 +57,288 @@ def _wait_for(path: str, timeout: float = 600.0) -> None:
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout:.0f}s for rank 0 to write {path}")
-        time.sleep(0.5)
+        time.sleep(0.2)
+
+
+def _set(param, value: np.ndarray) -> None:
+    """Overwrite a Parameter in place (same object: value_and_grad and the optimizer hold it)."""
+    value = np.asarray(value)
+    if tuple(param.shape) != value.shape:
+        raise ValueError(f"{param.name}: checkpoint slice has shape {value.shape}, the parameter {tuple(param.shape)}")
+    param.set_data(Tensor(value.astype(ms.dtype_to_nptype(param.dtype), copy=False)))
+
+
+def data_files(path: str, kind: str) -> List[str]:
+    """The files ``train_dataset.dataset_dir`` names: the file itself, or the directory's regular,
+    non-hidden files of the dataset type (``.jsonl``/``.json`` for jsonl, any other for text), sorted.
+    Raises ConfigError naming the key."""
+    key = f"train_dataset.dataset_dir = {path!r}"
+    if not os.path.exists(path):
+        raise ConfigError([f"{key}: no such file or directory"])
+    if os.path.isfile(path):
+        if (kind == "jsonl") != path.endswith(_JSONL):
+            raise ConfigError([f"{key}: a {'JSONL' if path.endswith(_JSONL) else 'plain-text'} file but "
+                               f"train_dataset.type = {kind!r}; text files hold one document per line, "
+                               f"jsonl files (.jsonl/.json) one {{\"text\": ...}} object per line"])
+        return [path]
+    files = sorted(os.path.join(path, n) for n in os.listdir(path)
+                   if not n.startswith(".") and not n.endswith((".tmp", ".npy"))
+                   and os.path.isfile(os.path.join(path, n)) and (kind == "jsonl") == n.endswith(_JSONL))
+    if not files:
+        want = "*.jsonl/*.json" if kind == "jsonl" else "text files (not .jsonl/.json)"
+        raise ConfigError([f"{key}: directory holds no {want} for train_dataset.type = {kind!r}"])
+    return files
+
+
+def resolve_checkpoint(path: str, key: str = "load_checkpoint") -> Tuple[str, Any]:
+    """``(root, step)`` for a checkpoint path: a root directory (``"latest"``), one of its
+    ``step_<k>`` directories, or ``("file", path)`` for a safetensors file of full tensors."""
+    where = f"{key} = {path!r}"
+    if os.path.isfile(path):
+        if not path.endswith(".safetensors"):
+            raise ConfigError([f"{where}: a file, but only .safetensors files of full tensors load directly "
+                               "(or give a checkpoint directory written by this trainer)"])
+        return "file", path
+    if not os.path.isdir(path):
+        raise ConfigError([f"{where}: no such checkpoint directory or file"])
+    m = _STEP_DIR.match(os.path.basename(os.path.normpath(path)))
+    if m and os.path.isfile(os.path.join(path, METADATA)):
+        return os.path.dirname(os.path.normpath(path)), int(m.group(1))
+    if os.path.isfile(os.path.join(path, TRACKER)) or list_steps(path):
+        return path, "latest"
+    raise ConfigError([f"{where}: not a checkpoint directory (no {TRACKER} and no step_<k>/ inside); give the "
+                       "<output_dir>/checkpoint directory, one of its step_<k> directories, or a .safetensors file"])
 
 
 class Trainer:
-    """``Trainer(config).train()``; ``config`` is a validated :class:`Config`."""
+    """``Trainer(config).train()``; ``config`` is a validated :class:`Config`.
 
-    def __init__(self, config: Config):
+    ``worker_num`` is the number of workers the job runs on (msrun ``--worker_num``); by default the
+    ``MS_WORKER_NUM`` msrun exports, else 1. The constructor raises :class:`ConfigError` for
+    everything the trainer can check without a process group.
+    """
+
+    def __init__(self, config: Config, worker_num: Optional[int] = None):
         self.cfg = config
         pc = config.parallel_config
-        if int(pc.pipeline_stage) > 1:
-            raise ConfigError("parallel_config.pipeline_stage="
-                              f"{pc.pipeline_stage}: the pipeline runtime exists (mindformers_core.pipeline) but is "
-                              "not wired into the trainer yet; use pipeline_stage: 1")
-        if int(pc.context_parallel) > 1:
-            raise ConfigError(f"parallel_config.context_parallel={pc.context_parallel}: context-parallel attention "
-                              "is not implemented; use context_parallel: 1")
         self.dp, self.tp = int(pc.data_parallel), int(pc.model_parallel)
         self.output_dir = os.path.abspath(config.output_dir)
         self.mode = int(config.context.mode)
+        self.predicting = config.run_mode == "predict"
+        self.worker_num = int(os.environ.get("MS_WORKER_NUM", "1")) if worker_num is None else int(worker_num)
+        self.warnings: List[str] = []
+        self._ready = False
+        self.start_step = 0
+        self.preflight()
+
+    # ------------------------------------------------------------------ checks before any process group
+    def preflight(self) -> None:
+        """Everything the trainer can check before distributed init; raises one ConfigError."""
+        cfg, errors = self.cfg, []
+        pc, rc = cfg.parallel_config, cfg.runner_config
+        if int(pc.pipeline_stage) > 1:
+            errors.append(f"parallel_config.pipeline_stage = {pc.pipeline_stage}: pipeline parallelism is not wired "
+                          "into this trainer yet (the runtime exists as a library, mindformers_core.pipeline, see "
+                          "docs/pipeline.md); use pipeline_stage: 1")
+        if int(pc.context_parallel) > 1:
+            errors.append(f"parallel_config.context_parallel = {pc.context_parallel}: context-parallel attention is "
+                          "not implemented; use context_parallel: 1")
+        if cfg.model.arch.type not in MODELS:
+            errors.append(f"model.arch.type = {cfg.model.arch.type!r}: this trainer builds {list(MODELS)} "
+                          "(research/llama)")
+        if cfg.optimizer.type != "AdamW":
+            errors.append(f"optimizer.type = {cfg.optimizer.type!r}: only AdamW is wired into this trainer")
+        if cfg.train_dataset.type == "mindrecord":
+            errors.append("train_dataset.type = 'mindrecord': not supported by this trainer; use text (one "
+                          "document per line) or jsonl ({\"text\": ...} per line)")
+        if int(rc.gradient_accumulation_steps) != 1:
+            errors.append(f"runner_config.gradient_accumulation_steps = {rc.gradient_accumulation_steps}: not wired "
+                          "into this trainer; use 1 and raise runner_config.batch_size instead")
+        max_steps = int(rc.max_steps)
+        if max_steps == 0 or max_steps < -1:
+            errors.append(f"runner_config.max_steps = {max_steps}: must be -1 (the epochs decide) or >= 1")
+        if float(rc.max_grad_norm) < 0:
+            errors.append(f"runner_config.max_grad_norm = {rc.max_grad_norm}: must be >= 0 (0 = no clipping)")
+        lc = cfg.lr_schedule
+        if lc.warmup_steps is not None and int(lc.total_steps) > 0 and lc.type != "ConstantWarmUpLR" \
+                and int(lc.warmup_steps) >= int(lc.total_steps):
+            errors.append(f"lr_schedule.warmup_steps = {lc.warmup_steps}: must be < lr_schedule.total_steps = "
+                          f"{lc.total_steps} for {lc.type}")
+        if self.predicting and self.worker_num > 1:
+            errors.append(f"run_mode = 'predict': runs on one process, not {self.worker_num} workers "
+                          "(start it without msrun, use_parallel: False)")
+        product = self.dp * self.tp * int(pc.context_parallel) * int(pc.pipeline_stage)
+        if product != self.worker_num:
+            errors.append(f"parallel_config = data_parallel {self.dp} x model_parallel {self.tp} x context_parallel "
+                          f"{pc.context_parallel} x pipeline_stage {pc.pipeline_stage} = {product}: must equal the "
+                          f"worker count {self.worker_num} (msrun --worker_num)")
+        if errors:
+            raise ConfigError(errors)
+
+        self.checkpoint_source = self._checkpoint_source(errors)
+        if not self.predicting:
+            try:
+                if cfg.train_dataset.dataset_dir:
+                    self.files = data_files(os.path.abspath(cfg.train_dataset.dataset_dir), cfg.train_dataset.type)
+                elif cfg.train_dataset.type != "text":
+                    errors.append(f"train_dataset.type = {cfg.train_dataset.type!r}: the built-in corpus "
+                                  "(dataset_dir: null) is plain text; use type: text or give a dataset_dir")
+                else:
+                    self.files = [os.path.join(self.output_dir, "corpus.txt")]   # built in setup()
+            except ConfigError as e:
+                errors += e.errors
+        self.tokenizer_file = self._tokenizer_file(errors)
+        for key, value, what in (("recompute_config.recompute", cfg.recompute_config.recompute, "recompute"),
+                                 ("recompute_config.select_recompute", cfg.recompute_config.select_recompute,
+                                  "recompute"),
+                                 ("swap_config.swap", cfg.swap_config.swap, "activation swapping"),
+                                 ("parallel.enable_parallel_optimizer", cfg.parallel.enable_parallel_optimizer,
+                                  "the sharded optimizer (use mindformers_core.hsdp as a library)")):
+            if value:
+                self.warnings.append(f"warning: {key} = {value!r}: {what} is not wired into this trainer and is "
+                                     "ignored (memory only; the numbers are the same)")
+        if errors:
+            raise ConfigError(errors)
+
+    def _checkpoint_source(self, errors: List[str]) -> Optional[Tuple[str, Any, bool]]:
+        """``(root or "file", step or path, resume)`` to load at the start, or None."""
+        cfg = self.cfg
+        resume = cfg.resume_training
+        try:
+            if isinstance(resume, str) and resume.strip():
+                if os.path.exists(resume):
+                    root, step = resolve_checkpoint(resume, "resume_training")
+                else:   # a step of load_checkpoint (or of <output_dir>/checkpoint): "step_6" or "6"
+                    base = cfg.load_checkpoint or os.path.join(self.output_dir, "checkpoint")
+                    m = re.fullmatch(r"(?:step_)?(\d+)", resume.strip())
+                    if not m:
+                        raise ConfigError([f"resume_training = {resume!r}: must be True/False, a checkpoint path, "
+                                           f"or a step ('step_6' or '6') of {base}"])
+                    root, step = resolve_checkpoint(os.path.join(base, f"step_{m.group(1)}"), "resume_training")
+                if root == "file":
+                    raise ConfigError([f"resume_training = {resume!r}: a single file holds weights only; resume "
+                                       "needs a checkpoint directory (optimizer and data state)"])
+                return root, step, True
+            if cfg.load_checkpoint:
+                root, step = resolve_checkpoint(cfg.load_checkpoint)
+                if resume and root == "file":
+                    raise ConfigError([f"load_checkpoint = {cfg.load_checkpoint!r}: a single file holds weights "
+                                       "only; resume_training needs a checkpoint directory"])
+                return root, step, bool(resume) and not self.predicting
+            if resume:
+                own = os.path.join(self.output_dir, "checkpoint")
+                if read_tracker(own) is not None or list_steps(own):
+                    return own, "latest", True
+                self.warnings.append(f"resume_training = True: no checkpoint in {own} yet; starting at step 0")
+        except ConfigError as e:
+            errors += e.errors
+        except CheckpointError as e:
+            errors.append(f"load_checkpoint = {cfg.load_checkpoint!r}: {e}")
+        return None
+
+    def _tokenizer_file(self, errors: List[str]) -> str:
+        """The tokenizer to use: train_dataset.tokenizer_file, else (predict) the one the checkpoint
+        was trained with, else <output_dir>/tokenizer_<vocab>.model (trained in setup when missing)."""
+        cfg = self.cfg
+        vocab = int(cfg.model.model_config.vocab_size)
+        tok = cfg.train_dataset.tokenizer_file
+        key = "train_dataset.tokenizer_file"
+        if not tok and self.predicting and self.checkpoint_source and self.checkpoint_source[0] != "file":
+            root, step = self.checkpoint_source[:2]
+            try:
+                tok = (load_training_state(root, step).trainer_state or {}).get("tokenizer_file")
+                key = f"the tokenizer recorded in the checkpoint {root}"
+            except CheckpointError:
+                tok = None
+        if not tok:
+            own = os.path.join(self.output_dir, f"tokenizer_{vocab}.model")
+            if self.predicting and not os.path.exists(own):
+                errors.append(f"train_dataset.tokenizer_file = None: predict needs the tokenizer the model was "
+                              f"trained with; give train_dataset.tokenizer_file (no {own})")
+            elif not os.path.exists(own) and vocab <= 259:
+                errors.append(f"model.model_config.vocab_size = {vocab}: too small to train a byte-fallback "
+                              "tokenizer (needs > 259: 3 special + 256 byte pieces); give "
+                              "train_dataset.tokenizer_file or a larger vocab_size")
+            if not os.path.exists(own):
+                return own
+            tok, key = own, f"the tokenizer {own} (trained by an earlier run in output_dir)"
+        tok = os.path.abspath(tok)
+        if not os.path.isfile(tok):
+            errors.append(f"{key} = {tok!r}: no such file")
+            return tok
+        try:
+            pieces = LlamaTokenizer(tok).vocab_size
+        except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError variants
+            errors.append(f"{key} = {tok!r}: not a sentencepiece model ({type(e).__name__}: {e})")
+            return tok
+        if pieces != vocab:
+            errors.append(f"model.model_config.vocab_size = {vocab}: must equal the tokenizer's vocabulary, "
+                          f"{pieces} pieces in {key} = {tok!r}")
+        return tok
 
     # ------------------------------------------------------------------ build
     def setup(self) -> None:
+        """Distributed init, data, model, optimizer (predict: tokenizer and model only). Idempotent."""
+        if self._ready:
+            return
         cfg = self.cfg
         ms.set_context(mode=ms.PYNATIVE_MODE)   # tracing for the plan is PyNative; jit wraps the step
         env = init_distributed() if cfg.use_parallel else get_env()
         self.rank, self.world = env.rank, env.world_size
         if self.dp * self.tp != self.world:
-            raise ConfigError(f"parallel_config: data_parallel ({self.dp}) x model_parallel ({self.tp}) = "
-                              f"{self.dp * self.tp} but {self.world} worker(s) are running")
+            raise ConfigError([f"parallel_config = data_parallel {self.dp} x model_parallel {self.tp} = "
+                               f"{self.dp * self.tp}: must equal the {self.world} worker(s) running"])
+        for w in self.warnings:
+            _log(self.rank, w)
         ms.set_seed(int(cfg.seed))
         np.random.seed(int(cfg.seed))
         os.makedirs(self.output_dir, exist_ok=True)
-        self._build_data()
-        self._build_model()
-        self._build_optimizer()
+        if self.predicting:
+            self.tokenizer = LlamaTokenizer(self.tokenizer_file)
+            self.global_batch = self.local_batch = 1
+            self._build_model()
+        else:
+            self._build_data()
+            self._build_model()
+            self._build_optimizer()
+        self._ready = True
 
     def _build_data(self) -> None:
         cfg, ds = self.cfg, self.cfg.train_dataset
         mc = cfg.model.model_config
-        data_dir = ds.dataset_dir
-        if not data_dir:
-            data_dir = os.path.join(self.output_dir, "corpus.txt")
-            if self.rank == 0 and not os.path.exists(data_dir):
-                build_corpus(data_dir + ".tmp", max_bytes=2_000_000)
-                os.replace(data_dir + ".tmp", data_dir)
-            _wait_for(data_dir)
-        files = [os.path.join(data_dir, f) for f in sorted(os.listdir(data_dir))] if os.path.isdir(data_dir) \
-            else [data_dir]
-        tok = ds.tokenizer_file
-        if not tok:
-            prefix = os.path.join(self.output_dir, f"tokenizer_{mc.vocab_size}")
-            tok = prefix + ".model"
-            if self.rank == 0 and not os.path.exists(tok):
-                tmp = train_tokenizer(files, prefix + ".tmp", int(mc.vocab_size))
-                os.replace(tmp, tok)
-                os.replace(prefix + ".tmp.vocab", prefix + ".vocab")
-            _wait_for(tok)
+        files = self.files
+        if not ds.dataset_dir:                  # the built-in corpus, written once by rank 0
+            if self.rank == 0 and not os.path.exists(files[0]):
+                build_corpus(files[0], max_bytes=BUILTIN_CORPUS_BYTES)
+            _wait_for(files[0])
+        tok = self.tokenizer_file
+        if self.rank == 0 and not os.path.exists(tok):
+            prefix = tok[:-len(".model")]
+            trained = train_tokenizer(files, prefix + ".tmp", int(mc.vocab_size))
+            os.replace(prefix + ".tmp.vocab", prefix + ".vocab")
+            os.replace(trained, tok)             # the .model last: its presence means "done"
+        _wait_for(tok)
         self.tokenizer = LlamaTokenizer(tok)
         if self.tokenizer.vocab_size != int(mc.vocab_size):
-            raise ConfigError(f"model.model_config.vocab_size={mc.vocab_size} but the tokenizer {tok} has "
-                              f"{self.tokenizer.vocab_size} pieces")
-        dp_rank = self.rank // self.tp
+            raise ConfigError([f"model.model_config.vocab_size = {mc.vocab_size}: must equal the tokenizer's "
+                               f"vocabulary, {self.tokenizer.vocab_size} pieces in {tok}"])
         cache = os.path.join(self.output_dir, "token_cache")
-        ready = os.path.join(cache, f"ready_{os.path.basename(tok)}")
-        if self.rank == 0:
-            PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache)
-            open(ready, "w").close()
-        _wait_for(ready)
-        self.data = PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache,
-                                  seed=int(cfg.seed), shuffle=bool(ds.shuffle), dp_rank=dp_rank, dp_size=self.dp)
-        self.global_batch = int(cfg.runner_config.batch_size) * self.dp
+        if self.rank == 0:                       # tokenize once; the others wait for the cache file
+            tokenize_to_cache(files, self.tokenizer, cache, "text")
+        else:
+            from ..data.dataset import _cache_key   # same name rank 0 writes (content hash)
+            _wait_for(os.path.join(cache, f"tokens-{_cache_key(files, self.tokenizer, 'text')}.npy"))
+        self.data = PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache, seed=int(cfg.seed),
+                                  shuffle=bool(ds.shuffle), dp_rank=self.rank // self.tp, dp_size=self.dp)
         self.local_batch = int(cfg.runner_config.batch_size)
+        self.global_batch = self.local_batch * self.dp
         self.steps_per_epoch = self.data.samples_per_epoch // self.local_batch
         if self.steps_per_epoch < 1:
-            raise ConfigError(f"runner_config.batch_size={self.local_batch}: each data-parallel rank has only "
-                              f"{self.data.samples_per_epoch} samples of {mc.seq_length} tokens")
-        limit = int(cfg.runner_config.get("max_steps", -1) or -1)
+            raise ConfigError([f"runner_config.batch_size = {self.local_batch}: each data-parallel rank has only "
+                               f"{self.data.samples_per_epoch} samples of {mc.seq_length} tokens per epoch"])
         self.total_steps = self.steps_per_epoch * int(cfg.runner_config.epochs)
-        if limit > 0:
-            self.total_steps = min(self.total_steps, int(limit))
+        if int(cfg.runner_config.max_steps) > 0:
+            self.total_steps = min(self.total_steps, int(cfg.runner_config.max_steps))
 
     def _build_model(self) -> None:
         from research.llama.llama import LlamaConfig, LlamaForCausalLM
@@ -144,8 +361,12 @@ class Trainer:
         cfg = self.cfg
         oc, lc = cfg.optimizer, cfg.lr_schedule
         total = int(lc.total_steps) if int(lc.total_steps) > 0 else self.total_steps
-        warmup = int(round(float(lc.warmup_ratio) * total))
-        self.lr = build_lr_schedule(lc.type, float(lc.learning_rate), warmup, total, float(lc.lr_end))
+        warmup = int(lc.warmup_steps) if lc.warmup_steps is not None else int(round(float(lc.warmup_ratio) * total))
+        peak = float(lc.learning_rate if lc.learning_rate is not None else oc.learning_rate)
+        try:
+            self.lr = build_lr_schedule(lc.type, peak, warmup, total, float(lc.lr_end))
+        except ValueError as e:
+            raise ConfigError([f"lr_schedule = {lc.type} with warmup {warmup} of {total} steps: {e}"]) from None
         self.optimizer = AdamW(self.params, self.lr, betas=tuple(oc.betas), eps=float(oc.eps),
                                weight_decay=float(oc.weight_decay))
         self.reducer = GradientReducer(self.params)
@@ -156,7 +377,8 @@ class Trainer:
             tp_group = mesh_of(self.plan.mesh).get_group("tp")
             groups = [tp_group]
         weights = replication_weights(self.params, {"tp": tp_group}) if tp_group is not None else None
-        self.clip = ClipGradNorm(float(cfg.runner_config.get("max_grad_norm", 1.0) or 1e9), groups, weights)
+        max_norm = float(cfg.runner_config.max_grad_norm)
+        self.clip = ClipGradNorm(max_norm if max_norm > 0 else math.inf, groups, weights)   # inf: norm only
         grad_fn = ms.value_and_grad(self.model, None, self.params)
         reducer, clip, optimizer = self.reducer, self.clip, self.optimizer
 
@@ -169,40 +391,118 @@ class Trainer:
         self.step_fn = ms.jit(step) if self.mode == 0 else step
 
     # ------------------------------------------------------------------ checkpoints
-    def _layouts(self):
-        return {p.name: p.mfc_layout for p in self.params}
+    def _callback(self, kind: str) -> Optional[Config]:
+        found = [cb for cb in (self.cfg.callbacks or []) if cb.get("type") == kind]
+        return found[-1] if found else None
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.output_dir, "checkpoint")
 
     def save(self, step: int) -> str:
+        """Save weights, AdamW moments, this rank's data position and the step (collective)."""
         opt = {"adam_m": {p.name: m.asnumpy() for p, m in zip(self.params, self.optimizer.moment1)},
                "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
-        return save_checkpoint(os.path.join(self.output_dir, "checkpoint"), step,
-                               {p.name: p.asnumpy() for p in self.params}, self._layouts(),
-                               optimizer_state=opt, data_state=self.data.state_dict(),
-                               trainer_state={"step": step, "seed": int(self.cfg.seed)},
+        trainer_state = {"step": step, "seed": int(self.cfg.seed), "data_parallel": self.dp,
+                         "model_parallel": self.tp, "global_batch": self.global_batch,
+                         "next_lr": self.lr.at(step), "tokenizer_file": os.path.abspath(self.tokenizer.vocab_file)}
+        path = save_checkpoint(self.checkpoint_dir, step, {p.name: p.asnumpy() for p in self.params},
+                               {p.name: p.mfc_layout for p in self.params}, optimizer_state=opt,
+                               data_state=self.data.state_dict(), trainer_state=trainer_state,
                                rank=self.rank, world_size=self.world)
+        cb = self._callback("CheckpointMonitor")
+        if self.rank == 0 and cb is not None:
+            self._prune(int(cb.get("keep_checkpoint_max", 5) or 5))
+        return path
 
-    def load(self, directory: str, resume: bool) -> int:
+    def _prune(self, keep: int) -> None:
+        """Delete all but the newest ``keep`` published steps (never the tracker's)."""
+        latest = read_tracker(self.checkpoint_dir)
+        steps = list_steps(self.checkpoint_dir)
+        for step in steps[:max(len(steps) - keep, 0)]:
+            if step != latest:
+                shutil.rmtree(os.path.join(self.checkpoint_dir, f"step_{step}"), ignore_errors=True)
+
+    def load(self, directory: str, resume: bool, step: Any = None) -> int:
+        """Load weights (resharded to this job's layout) from a checkpoint directory, one of its
+        ``step_<k>`` directories or a .safetensors file of full tensors; with ``resume`` also the
+        AdamW moments, the step counter (hence the lr position) and the data position. Returns the
+        step training continues from (0 without resume)."""
+        self.setup()
+        if step is None:
+            root, step = resolve_checkpoint(directory)
+        else:
+            root = directory
         targets = {p.name: (tuple(p.mfc_global_shape), p.mfc_layout) for p in self.params}
-        values = load_checkpoint(directory, targets, self.rank, strict=False)
-        for p in self.params:
-            ms.ops.assign(p, Tensor(values[p.name]))
-        if not resume:
-            return 0
-        state = load_training_state(directory)
-        opt = load_optimizer_state(directory, targets, self.rank)
+        where = f"load_checkpoint = {directory!r}"
+        try:
+            if root == "file":
+                values = shard_single_file(step, targets, self.rank, strict=False)
+            else:
+                values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
+            for p in self.params:    # set_data: ops.assign checks a sliced Parameter against its full shape
+                _set(p, values[p.name])  # once communication is initialised
+            if not resume:
+                _log(self.rank, f"loaded weights from {directory}" + ("" if root == "file" else f" (step {step})"))
+                return 0
+            if root == "file":
+                raise ConfigError([f"{where}: a single file holds weights only; resume needs a checkpoint directory"])
+            state = load_training_state(root, step)
+            opt = load_optimizer_state(root, targets, self.rank, step=step)
+        except CheckpointError as e:
+            raise ConfigError([f"{where}: {e}"]) from None
+        missing = [p.name for p in self.params if p.name not in opt.get("adam_m", {}) or p.name not in
+                   opt.get("adam_v", {})]
+        if missing:
+            raise ConfigError([f"{where}: resume_training needs AdamW moments, missing for {missing[:5]}; "
+                               "load weights only (resume_training: False)"])
         for p, m, v in zip(self.params, self.optimizer.moment1, self.optimizer.moment2):
-            ms.ops.assign(m, Tensor(opt["adam_m"][p.name]))
-            ms.ops.assign(v, Tensor(opt["adam_v"][p.name]))
-        step = int(state.trainer_state["step"])
-        ms.ops.assign(self.optimizer.global_step, Tensor(np.array(step, np.int32)))
-        states = state.data_states
-        mine = states.get(self.rank, states.get(str(self.rank)))
-        if mine is None:
-            raise ConfigError(f"resume_training: the checkpoint in {directory} has no data state for rank "
-                              f"{self.rank} (saved on {state.world_size} workers); resume with the same layout or "
-                              f"load weights only (resume_training: False)")
-        self.data.load_state_dict(mine)
-        return step
+            _set(m, opt["adam_m"][p.name])
+            _set(v, opt["adam_v"][p.name])
+        trained = int((state.trainer_state or {}).get("step", state.step))
+        _set(self.optimizer.global_step, np.array(trained, np.int32))
+        self._restore_data(state, where)
+        _log(self.rank, f"resumed from {root} step {trained}: {self.data.consumed_samples} samples consumed per "
+                        f"data-parallel rank, next lr {self.lr.at(trained):.3e}")
+        return trained
+
+    def _restore_data(self, state, where: str) -> None:
+        """This rank's data position from the saved ones: the state of a rank with the same data-parallel
+        index when the data-parallel size is unchanged, else the same global position re-split."""
+        saved = [s for s in state.data_states.values() if s]
+        if not saved:
+            raise ConfigError([f"{where}: the checkpoint has no data state; load weights only "
+                               "(resume_training: False)"])
+        dp_rank = self.rank // self.tp
+        same = [s for s in saved if s.get("dp_size") == self.dp and s.get("dp_rank") == dp_rank]
+        if same:
+            self.data.load_state_dict(same[0])
+            return
+        sizes = {(s.get("dp_size"), s.get("consumed_samples")) for s in saved}
+        if len(sizes) != 1:
+            raise ConfigError([f"{where}: saved data states disagree ({sorted(sizes)}); resume with the saved "
+                               "layout"])
+        old_dp, consumed = sizes.pop()
+        num = int(saved[0].get("num_samples", -1))
+        if num != self.data.num_samples:
+            raise ConfigError([f"{where}: the checkpoint's data has {num} samples, this dataset "
+                               f"{self.data.num_samples}; resume with the same data, tokenizer and seq_length"])
+        epoch, pos = divmod(int(consumed), num // old_dp)
+        if (pos * old_dp) % self.dp:
+            raise ConfigError([f"{where}: the saved data position ({pos} samples on each of {old_dp} data-parallel "
+                               f"ranks in epoch {epoch}) does not split over data_parallel = {self.dp}; resume "
+                               f"with a data_parallel that divides {pos * old_dp}"])
+        moved = dict(saved[0], dp_rank=dp_rank, dp_size=self.dp,
+                     consumed_samples=epoch * self.data.samples_per_epoch + pos * old_dp // self.dp)
+        self.data.load_state_dict(moved)
+
+    def restore(self) -> int:
+        """Load what the config asks for (load_checkpoint / resume_training); returns the start step."""
+        src = self.checkpoint_source
+        if src is None:
+            return 0
+        root, step, resume = src
+        return self.load(root, resume, step=step)
 
     # ------------------------------------------------------------------ loop
     def _batches(self):
@@ -219,68 +519,97 @@ class Trainer:
             yield (np.stack([r[0] for r in rows]).astype(np.int32),
                    np.stack([r[1] for r in rows]).astype(np.int32))
 
+    def _open_log(self, start: int) -> str:
+        """The JSONL loss log; a fresh run truncates it, a resumed one keeps steps <= start."""
+        monitor = self._callback("MFLossMonitor")
+        path = (monitor.get("log_file") if monitor is not None else None) or os.path.join(self.output_dir,
+                                                                                          "loss.jsonl")
+        path = os.path.abspath(path)
+        if self.rank == 0:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            kept = []
+            if start > 0 and os.path.exists(path):
+                with open(path) as f:
+                    kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(kept)
+            os.replace(path + ".tmp", path)
+        return path
+
     def train(self) -> List[Dict[str, Any]]:
+        """Train to ``total_steps``; returns this session's per-step records (as in loss.jsonl)."""
         cfg = self.cfg
         self.setup()
-        start = 0
-        ckpt_dir = os.path.join(self.output_dir, "checkpoint")
-        if cfg.load_checkpoint:
-            start = self.load(cfg.load_checkpoint, bool(cfg.resume_training))
-        elif cfg.resume_training and os.path.exists(os.path.join(ckpt_dir, "latest_checkpointed_iteration.txt")):
-            start = self.load(ckpt_dir, True)
-        every = 0
-        for cb in cfg.callbacks or []:
-            if cb.get("type") == "CheckpointMonitor":
-                every = int(cb.get("save_checkpoint_steps", 0) or 0)
+        start = self.start_step = self.restore()
+        ckpt = self._callback("CheckpointMonitor")
+        every = int(ckpt.get("save_checkpoint_steps", 0) or 0) if ckpt is not None else 0
+        monitor = self._callback("MFLossMonitor")
+        print_every = int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1
         n_params = sum(int(np.prod(p.mfc_global_shape)) for p in self.params)
+        seq = int(cfg.model.model_config.seq_length)
         _log(self.rank, f"llama: {n_params / 1e6:.2f}M parameters, dp={self.dp} tp={self.tp} "
                         f"sp={self.model_config.sequence_parallel}, mode={'jit' if self.mode == 0 else 'pynative'}, "
-                        f"{self.total_steps} steps of {self.global_batch}x{self.cfg.model.model_config.seq_length} tokens")
-        log_path = os.path.join(self.output_dir, "loss.jsonl")
+                        f"steps {start + 1}..{self.total_steps} of {self.global_batch}x{seq} tokens, "
+                        f"output in {self.output_dir}")
+        log_path = self._open_log(start)
         history = []
-        seq = int(cfg.model.model_config.seq_length)
         tokens_per_step = self.global_batch * seq
-        t_start = time.monotonic()
         batches = self._batches()
+        timed, timed_steps = 0.0, 0          # wall time of steps after this session's first (compile, warm-up)
+        last_saved = start
         for step in range(start, self.total_steps):
-            ids, labels = next(batches)
             t0 = time.monotonic()
+            ids, labels = next(batches)
+            t1 = time.monotonic()
             loss, norm = self.step_fn(Tensor(ids), Tensor(labels))
             loss, norm = float(loss), float(norm)
-            dt = time.monotonic() - t0
-            lr = float(self.lr(Tensor(np.array(step, np.int32))))
-            done = step + 1 - start
-            eta = (time.monotonic() - t_start) / done * (self.total_steps - step - 1)
+            t2 = time.monotonic()
+            lr = self.lr.at(step)            # the rate this step used (AdamW takes lr(step index))
+            if step > start:
+                timed, timed_steps = timed + (t2 - t0), timed_steps + 1
+            per_step = timed / timed_steps if timed_steps else (t2 - t0)
+            eta = per_step * (self.total_steps - step - 1)
             record = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm,
-                      "tokens_per_s": tokens_per_step / dt, "step_time_s": dt}
+                      "tokens_per_s": tokens_per_step / (t2 - t1), "step_time_s": t2 - t0}
             history.append(record)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"step {step + 1}: loss is {loss}")
             if self.rank == 0:
                 with open(log_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
-                print(f"step {step + 1:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.2e}  grad_norm {norm:.3f}  "
-                      f"{tokens_per_step / dt:,.0f} tok/s  ETA {eta:.0f}s", flush=True)
+                if (step + 1) % print_every == 0 or step + 1 == self.total_steps or not math.isfinite(loss):
+                    print(f"step {step + 1:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  "
+                          f"grad_norm {norm:.3f}  {tokens_per_step / (t2 - t1):,.0f} tok/s  "
+                          f"ETA {eta:.0f}s", flush=True)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"step {step + 1}: loss is {loss}")
             if every and (step + 1) % every == 0:
                 self.save(step + 1)
-        if every and self.total_steps % every:
+                last_saved = step + 1
+        if every and last_saved < self.total_steps:
             self.save(self.total_steps)
         return history
 
     # ------------------------------------------------------------------ predict
-    def predict(self, prompt: str, max_new_tokens: int = 32) -> str:
-        """Greedy generation from the loaded weights (single process)."""
+    def generate(self, ids: List[int], max_new_tokens: int = 32) -> List[int]:
+        """Greedy continuation of token ids (single process); returns the new ids only."""
         if self.world != 1:
-            raise ConfigError("run_mode=predict runs on one process (use_parallel: False)")
-        ids = [self.tokenizer.bos_token_id] + self.tokenizer.encode(prompt)
+            raise ConfigError([f"run_mode = 'predict': runs on one process, not {self.world}"])
         seq = int(self.cfg.model.model_config.seq_length)
+        ids, new = list(ids), []
         for _ in range(max_new_tokens):
             window = ids[-seq:]
-            x = np.full((self.global_batch, seq), self.tokenizer.pad_token_id, np.int32)
-            x[:, :len(window)] = window
+            x = np.full((1, seq), self.tokenizer.pad_token_id, np.int32)
+            x[0, :len(window)] = window
             logits = self.model(Tensor(x)).asnumpy()
             nxt = int(logits[0, len(window) - 1].argmax())
             ids.append(nxt)
+            new.append(nxt)
             if nxt == self.tokenizer.eos_token_id:
                 break
-        return self.tokenizer.decode(ids[1:])
+        return new
+
+    def predict(self, prompt: str, max_new_tokens: int = 32) -> str:
+        """The prompt followed by its greedy continuation, from the loaded weights (single process)."""
+        self.setup()
+        ids = [self.tokenizer.bos_token_id] + self.tokenizer.encode(prompt, add_bos=False)
+        new = self.generate(ids, max_new_tokens)
+        return self.tokenizer.decode(ids[1:] + new)

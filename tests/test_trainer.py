@@ -1,0 +1,251 @@
+"""The YAML trainer on one process: exact resume, checkpoint pruning, predict, bad configs, data files.
+
+Runs go through ``run_mindformer.main(argv)`` in this process (no interpreter start-up per run) on a
+shrunken configs/llama_tiny.yaml (2 layers, hidden 64, seq 32, vocab 384) with a tokenizer trained
+once per session on a ~60 KB slice of the built-in corpus. tests/test_trainer_msrun.py reuses the
+helpers for the multi-worker runs.
+"""
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+import run_mindformer
+from mindformers_core.training import ConfigError, load_config
+from mindformers_core.training import trainer as trainer_module
+from mindformers_core.training.trainer import Trainer, data_files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "llama_tiny.yaml")
+VOCAB = 384        # > 259: a byte-fallback tokenizer needs 3 special + 256 byte pieces
+STEPS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def build_assets(root: str) -> dict:
+    """Corpus (``data/corpus.txt``), tokenizer and a shrunk test YAML under ``root``, once per process."""
+    from mindformers_core.data.corpus import build_corpus
+    from mindformers_core.data.tokenizer import train_tokenizer
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    corpus = build_corpus(os.path.join(root, "data", "corpus.txt"), max_bytes=60_000)
+    tok = train_tokenizer([corpus], os.path.join(root, "tok"), VOCAB)
+    with open(TINY) as f:
+        raw = yaml.safe_load(f)
+    raw["model"]["model_config"].update(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_heads=4,
+                                        n_kv_heads=2, seq_length=32, vocab_size=VOCAB)
+    raw["train_dataset"].update(dataset_dir=corpus, tokenizer_file=tok)
+    raw["runner_config"].update(batch_size=4, max_steps=STEPS)
+    raw["lr_schedule"].update(total_steps=STEPS, warmup_steps=1)   # warm-up + cosine: the lr position matters
+    raw["callbacks"] = [{"type": "MFLossMonitor", "per_print_times": 1},
+                        {"type": "CheckpointMonitor", "save_checkpoint_steps": 2, "keep_checkpoint_max": 5}]
+    path = os.path.join(root, "tiny_test.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return {"yaml": path, "corpus": corpus, "data_dir": os.path.dirname(corpus), "tokenizer": tok}
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return build_assets(str(tmp_path_factory.getbasetemp() / "trainer_assets"))
+
+
+def args(tiny, out, *extra):
+    return ["--config", tiny["yaml"], "--output_dir", str(out), *map(str, extra)]
+
+
+def config_of(argv, worker_num=1):
+    a, overrides = run_mindformer.parse(argv)
+    return load_config(a.config, [f"{k}={v}" for k, v in overrides], worker_num=worker_num)
+
+
+def records(out):
+    with open(os.path.join(str(out), "loss.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def steps_in(out):
+    d = os.path.join(str(out), "checkpoint")
+    return sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("step_") and n[5:].isdigit())
+
+
+def saved(out, step):
+    """Merged weights, AdamW moments and the training state of ``<out>/checkpoint/step_<step>``."""
+    from mindformers_core.checkpoint import (checkpoint_specs, load_checkpoint, load_optimizer_state,
+                                             load_training_state)
+    d = os.path.join(str(out), "checkpoint")
+    specs = checkpoint_specs(d, step)
+    return (load_checkpoint(d, specs, step=step), load_optimizer_state(d, specs, step=step),
+            load_training_state(d, step))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny, tmp_path_factory):
+    """4 PyNative steps in one go (checkpoints 2 and 4), reading the data *directory*."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    assert run_mindformer.main(args(tiny, out, "--train_dataset.dataset_dir", tiny["data_dir"])) == 0
+    return out
+
+
+def test_resume_is_exact_and_restores_every_state(tiny, uninterrupted, tmp_path):
+    """2 steps, stop, resume for 2: the losses/lrs/grad norms equal the uninterrupted run's, and so do
+    the final weights, moments and data position. keep_checkpoint_max 2 keeps only the newest two; a
+    fresh run in a used output_dir starts a new loss log."""
+    ref = records(uninterrupted)
+    assert [r["step"] for r in ref] == list(range(1, STEPS + 1)) and ref[-1]["loss"] < ref[0]["loss"]
+    assert steps_in(uninterrupted) == [2, 4]
+    out = tmp_path / "interrupted"
+    out.mkdir()
+    (out / "loss.jsonl").write_text('{"step": 1, "loss": 99.0}\n{"step": 7, "loss": 99.0}\n')   # a stale log
+    every1 = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
+                             "keep_checkpoint_max: 2}]"]
+    half = STEPS // 2
+    assert run_mindformer.main(args(tiny, out, *every1, "--runner_config.max_steps", half)) == 0
+    assert [r["step"] for r in records(out)] == list(range(1, half + 1))
+
+    trainer = Trainer(config_of(args(tiny, out, *every1, "--resume_training", "True")))
+    trainer.setup()
+    assert trainer.restore() == half
+    assert trainer.data.consumed_samples == half * 4                        # data iterator position
+    assert int(trainer.optimizer.global_step.asnumpy()) == half             # step counter ...
+    assert trainer.lr.at(half) == pytest.approx(ref[half]["lr"], rel=1e-12)  # ... hence the lr position
+    weights, moments, _ = saved(uninterrupted, half)                        # equal to the other run's
+    for p, m, v in zip(trainer.params, trainer.optimizer.moment1, trainer.optimizer.moment2):
+        np.testing.assert_array_equal(p.asnumpy(), weights[p.name])
+        np.testing.assert_array_equal(m.asnumpy(), moments["adam_m"][p.name])
+        np.testing.assert_array_equal(v.asnumpy(), moments["adam_v"][p.name])
+    history = trainer.train()
+    assert [r["step"] for r in history] == list(range(half + 1, STEPS + 1))
+
+    got = records(out)                                                      # the log continues
+    assert [r["step"] for r in got] == [r["step"] for r in ref]
+    for g, r in zip(got, ref):
+        assert g["loss"] == pytest.approx(r["loss"], rel=1e-6), g["step"]
+        assert g["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-6), g["step"]
+        assert g["lr"] == pytest.approx(r["lr"], rel=1e-12), g["step"]
+    assert steps_in(out) == [STEPS - 1, STEPS]                              # keep_checkpoint_max: 2
+    (w1, o1, s1), (w2, o2, s2) = saved(out, STEPS), saved(uninterrupted, STEPS)
+    for name in w2:
+        np.testing.assert_allclose(w1[name], w2[name], rtol=1e-6, atol=1e-7)
+        for state in ("adam_m", "adam_v"):
+            np.testing.assert_allclose(o1[state][name], o2[state][name], rtol=1e-5, atol=1e-9)
+    assert s1.data_states[0]["consumed_samples"] == s2.data_states[0]["consumed_samples"] == STEPS * 4
+    assert s1.trainer_state["step"] == s2.trainer_state["step"] == STEPS
+
+
+def test_predict_is_greedy_deterministic_and_matches_the_logits(tiny, uninterrupted, tmp_path, capsys):
+    """run_mode predict prints prompt + greedy continuation; the tokenizer comes from the checkpoint;
+    the first new token is the argmax of an unparallelized model's logits for the loaded weights."""
+    from mindspore import Tensor
+    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    prompt = "Return the"
+    argv = args(tiny, tmp_path / "p", "--run_mode", "predict", "--load_checkpoint",
+                uninterrupted / "checkpoint" / f"step_{STEPS}", "--train_dataset.tokenizer_file", "",
+                "--predict_data", prompt, "--max_new_tokens", 3)
+    assert run_mindformer.main(argv) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed.startswith(prompt) and len(printed) > len(prompt)
+
+    trainer = Trainer(config_of(argv))
+    assert trainer.tokenizer_file == os.path.abspath(tiny["tokenizer"])     # recorded in the checkpoint
+    trainer.setup()
+    trainer.restore()
+    tok = trainer.tokenizer
+    ids = [tok.bos_token_id] + tok.encode(prompt, add_bos=False)
+    new = trainer.generate(ids, 3)
+    assert tok.decode(ids[1:] + new) == printed                              # a second run: same text
+
+    weights, _, _ = saved(uninterrupted, STEPS)
+    cfg = config_of(argv)
+    model = LlamaForCausalLM(LlamaConfig.from_model_config(cfg.model.model_config))
+    for p in model.trainable_params():
+        p.set_data(Tensor(weights[p.name]))
+    x = np.full((1, cfg.model.model_config.seq_length), tok.eos_token_id, np.int32)   # not predict's padding
+    x[0, :len(ids)] = ids
+    logits = model(Tensor(x)).asnumpy()
+    assert new[0] == int(logits[0, len(ids) - 1].argmax())
+
+
+# ---------------------------------------------------------------- bad configurations: exit 2, before init
+UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
+
+
+@pytest.mark.parametrize("workers, extra, expected", [
+    (4, ["--use_parallel", "True"],
+     ["parallel_config = data_parallel 1 x model_parallel 1 x context_parallel 1 x pipeline_stage 1 = 1: "
+      "must equal the worker count 4"]),
+    (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2],
+     ["parallel_config.micro_batch_num = 1: must be >= parallel_config.pipeline_stage (2)"]),
+    (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2,
+         "--model.model_config.num_layers", 3],
+     ["model.model_config.num_layers = 3: not divisible by pipeline_stage 2 x pipeline_interleave 1 = 2 stages"]),
+    (3, ["--use_parallel", "True", "--parallel_config.model_parallel", 3],
+     ["model.model_config.num_heads = 4: must be divisible by parallel_config.model_parallel = 3",
+      "model.model_config.n_kv_heads = 2: must be divisible by parallel_config.model_parallel = 3"]),
+    (1, ["--parallel_config.data_paralel", 2],
+     ["parallel_config.data_paralel = 2: unknown override key; did you mean 'parallel_config.data_parallel'?"]),
+    (1, ["--runner_config.batch_size", "four", "--parallel_config.data_parallel", "True"],
+     ["runner_config.batch_size = 'four': must be int (got str)",
+      "parallel_config.data_parallel = True: must be int (got bool)"]),
+    (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2],
+     ["parallel_config.pipeline_stage = 2: pipeline parallelism is not wired into this trainer yet"]),
+    (1, ["--model.model_config.vocab_size", 512],
+     ["model.model_config.vocab_size = 512: must equal the tokenizer's vocabulary, 384 pieces in "
+      "train_dataset.tokenizer_file = "]),
+    (1, ["--train_dataset.dataset_dir", "/nonexistent/corpus.txt"],
+     ["train_dataset.dataset_dir = '/nonexistent/corpus.txt': no such file or directory"]),
+    (1, ["--load_checkpoint", "/nonexistent/checkpoint"],
+     ["load_checkpoint = '/nonexistent/checkpoint': no such checkpoint directory or file"]),
+    (1, ["--runner_config.max_grad_norm", -1, "--runner_config.gradient_accumulation_steps", 2,
+         "--runner_config.max_steps", 0],
+     ["runner_config.max_grad_norm = -1: must be >= 0",
+      "runner_config.gradient_accumulation_steps = 2: not wired into this trainer",
+      "runner_config.max_steps = 0: must be -1 (the epochs decide) or >= 1"]),
+    (2, ["--use_parallel", "True", "--run_mode", "predict", "--parallel_config.data_parallel", 2],
+     ["run_mode = 'predict': runs on one process, not 2 workers"]),
+], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_not_wired", "vocab",
+        "dataset_dir", "load_checkpoint", "runner", "predict_parallel"])
+def test_bad_config_exits_2_before_any_process_group(tiny, tmp_path, monkeypatch, capsys, workers, extra, expected):
+    def no_init(*a, **k):
+        raise AssertionError("a process group was requested for a bad configuration")
+    monkeypatch.setattr(trainer_module, "init_distributed", no_init)
+    monkeypatch.setattr(trainer_module, "get_env", no_init)
+    monkeypatch.setenv("MS_WORKER_NUM", str(workers))
+    assert run_mindformer.main(args(tiny, tmp_path / "out", *extra)) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration" in err
+    for line in expected:
+        assert line in err, err
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_bad_yaml_files_exit_2(tiny, tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text(UNSAFE.format(marker=marker))
+    assert run_mindformer.main(["--config", str(unsafe)]) == 2
+    err = capsys.readouterr().err
+    assert f"{unsafe}:1: could not determine a constructor for the tag" in err
+    assert "never Python objects from tags" in err and not marker.exists()
+
+    raw = yaml.safe_load(open(tiny["yaml"]))
+    raw["runner_config"]["max_step"] = 3
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(raw))
+    assert run_mindformer.main(["--config", str(typo)]) == 2
+    assert "runner_config.max_step = 3: unknown key; did you mean 'runner_config.max_steps'?" in capsys.readouterr().err
+
+
+def test_dataset_dir_file_or_directory(tmp_path):
+    for name in ("b.txt", "a.txt", "c.jsonl", ".hidden.txt"):
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "sub").mkdir()
+    assert data_files(str(tmp_path), "text") == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    assert data_files(str(tmp_path), "jsonl") == [str(tmp_path / "c.jsonl")]
+    assert data_files(str(tmp_path / "a.txt"), "text") == [str(tmp_path / "a.txt")]
+    with pytest.raises(ConfigError, match=r"a plain-text file but train_dataset.type = 'jsonl'"):
+        data_files(str(tmp_path / "a.txt"), "jsonl")
+    with pytest.raises(ConfigError, match=r"directory holds no text files"):
+        data_files(str(tmp_path / "sub"), "text")

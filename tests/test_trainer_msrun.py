@@ -1,0 +1,152 @@
+"""The YAML trainer under msrun: one process vs 4 workers (dp2 x tp2) in PyNative and jit, and a
+dp2 x tp2 checkpoint resharded into one process and into 2 workers (tp2).
+
+Two msrun launches in all: the 4 workers run the PyNative and then the jit job in the same processes
+(``run_mindformer.main`` twice, through ``run_msrun``); the tp2 job starts ``run_mindformer.py`` itself
+through ``scripts/msrun_launcher.sh``. The one-process runs happen in this process while msrun starts
+its workers. Global batches are equal everywhere (batch_size 4 on one data-parallel rank, 2 on each of
+two), so losses must agree per step to a relative 1e-5.
+"""
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import run_mindformer
+from mindformers_core.testing import free_port, run_msrun
+from mindformers_core.testing.msrun import child_env, describe_logs, kill_tree
+from tests.test_trainer import ROOT, args, build_assets, config_of, records, saved
+
+pytestmark = pytest.mark.msrun
+STEPS = 3
+SHORT = ["--runner_config.max_steps", STEPS, "--lr_schedule.warmup_steps", 0]
+DP2_TP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--parallel_config.model_parallel", 2,
+           "--runner_config.batch_size", 2]
+EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
+NO_CHECKPOINTS = ["--callbacks", "[{type: MFLossMonitor}]"]
+RESUME_AT = 1              # resumed runs redo steps 2 (loaded weights) and 3 (loaded AdamW moments too)
+
+
+def run_many(argvs):
+    """msrun body: ``run_mindformer.main`` for each argv in turn, in the same worker process."""
+    return [run_mindformer.main(argv) for argv in argvs]
+
+
+def losses(out):
+    return [r["loss"] for r in records(out)]
+
+
+def assert_close(got, want, rel=1e-5):
+    assert len(got) == len(want), (got, want)
+    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
+    assert worst <= rel, f"relative difference {worst:.1e} > {rel:.0e}\n got  {got}\n want {want}"
+
+
+def launch(command, workers, log_dir, timeout):
+    """``scripts/msrun_launcher.sh "<command>" <workers>``; returns a function waiting for it (with a
+    deadline, killing the whole tree) that returns (exit code, output with every rank's log tail)."""
+    proc = subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "msrun_launcher.sh"), command, str(workers),
+                             str(free_port()), str(log_dir), "True", str(timeout)], cwd=ROOT, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def wait():
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            output = f"killed after {timeout} s"
+        finally:
+            kill_tree(proc.pid)
+        proc.wait()
+        return proc.returncode, f"{output}\n{describe_logs(str(log_dir), workers, os.devnull)}"
+    return wait
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_assets(str(tmp_path_factory.getbasetemp() / "trainer_assets"))
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, tmp_path_factory):
+    """All runs, overlapped: the one-process references run here while msrun starts its workers.
+
+    1. thread: 4 workers (dp2 x tp2) run PyNative (checkpoint every step) then jit; here: the same two
+       jobs on one process.
+    2. msrun_launcher.sh: 2 workers (tp2) resume the dp2 x tp2 checkpoint of step 1; here: the same on
+       one process, and a weights-only load of it.
+    """
+    base = tmp_path_factory.mktemp("trainer_msrun")
+    out = {k: base / k for k in ("w4_pynative", "w4_jit", "p1_pynative", "p1_jit", "p1_resumed", "p1_weights",
+                                 "tp2_resumed")}
+    jobs = [args(tiny, out["w4_pynative"], "--mode", 1, *SHORT, *DP2_TP2, *EVERY_STEP),
+            args(tiny, out["w4_jit"], "--mode", 0, *SHORT, *DP2_TP2, *NO_CHECKPOINTS)]
+    with ThreadPoolExecutor(1) as pool:
+        four = pool.submit(run_msrun, "tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=240)
+        for mode, flag in (("pynative", 1), ("jit", 0)):
+            assert run_mindformer.main(args(tiny, out[f"p1_{mode}"], "--mode", flag, *SHORT, *NO_CHECKPOINTS)) == 0
+        assert four.result() == [[0, 0]] * 4
+    ckpt = out["w4_pynative"] / "checkpoint" / f"step_{RESUME_AT}"
+    resume = ["--load_checkpoint", ckpt, "--resume_training", "True", *SHORT]
+    tp2 = launch(" ".join(["run_mindformer.py", *args(tiny, out["tp2_resumed"], "--use_parallel", "True",
+                                                       "--parallel_config.model_parallel", 2, *resume,
+                                                       "--callbacks", "[]")]),
+                 2, base / "tp2_logs", timeout=150)
+    try:
+        assert run_mindformer.main(args(tiny, out["p1_resumed"], *resume, *NO_CHECKPOINTS)) == 0
+        out["weights_argv"] = args(tiny, out["p1_weights"], "--load_checkpoint", ckpt, "--runner_config.max_steps",
+                                   1, *NO_CHECKPOINTS)
+        assert run_mindformer.main(out["weights_argv"]) == 0
+    finally:
+        out["tp2_result"] = tp2()
+    out["checkpoint"] = ckpt
+    return out
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_four_workers_match_one_process(runs, mode):
+    one, four = losses(runs[f"p1_{mode}"]), losses(runs[f"w4_{mode}"])
+    assert len(one) == STEPS and one[-1] < one[0]
+    assert_close(four, one)
+
+
+def test_jit_matches_pynative(runs):
+    assert_close(losses(runs["p1_jit"]), losses(runs["p1_pynative"]), rel=1e-4)
+
+
+def test_dp2_tp2_checkpoint_resumes_on_one_process(runs):
+    """Weights and AdamW moments resharded dp2 x tp2 -> 1, the data position re-split over 1 rank, the
+    step counter restored: the resumed steps give the 4-worker run's losses."""
+    assert [r["step"] for r in records(runs["p1_resumed"])] == list(range(RESUME_AT + 1, STEPS + 1))
+    assert_close(losses(runs["p1_resumed"]), losses(runs["w4_pynative"])[RESUME_AT:])
+
+
+def test_dp2_tp2_checkpoint_resumes_on_two_workers_tp2(runs):
+    """The same checkpoint into model_parallel 2 on 2 workers, started with scripts/msrun_launcher.sh."""
+    code, output = runs["tp2_result"]
+    assert code == 0, output
+    assert [r["step"] for r in records(runs["tp2_resumed"])] == list(range(RESUME_AT + 1, STEPS + 1))
+    assert_close(losses(runs["tp2_resumed"]), losses(runs["w4_pynative"])[RESUME_AT:])
+
+
+def test_dp2_tp2_weights_load_on_one_process(runs, tiny, tmp_path):
+    """--load_checkpoint without resume: step 1 of a fresh data pass on the loaded weights equals the
+    loss of an unparallelized model holding the merged checkpoint, on the same batch."""
+    from mindspore import Tensor
+    from mindformers_core.data.dataset import PackedDataset
+    from mindformers_core.data.tokenizer import LlamaTokenizer
+    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    [loaded] = losses(runs["p1_weights"])
+    cfg = config_of(runs["weights_argv"])
+    model = LlamaForCausalLM(LlamaConfig.from_model_config(cfg.model.model_config))
+    weights, _, _ = saved(runs["w4_pynative"], RESUME_AT)
+    for p in model.trainable_params():
+        p.set_data(Tensor(weights[p.name]))
+    data = PackedDataset([tiny["corpus"]], LlamaTokenizer(tiny["tokenizer"]), cfg.model.model_config.seq_length,
+                         cache_dir=str(tmp_path / "cache"), seed=cfg.seed, shuffle=True)
+    batch = [s for _, s in zip(range(cfg.runner_config.batch_size), data)]
+    ids, labels = (np.stack([b[i] for b in batch]) for i in (0, 1))
+    expected = float(model(Tensor(ids), Tensor(labels)).asnumpy())
+    assert loaded == pytest.approx(expected, rel=1e-5)
+    assert abs(loaded - losses(runs["p1_pynative"])[0]) > 1e-3     # not the initial weights
