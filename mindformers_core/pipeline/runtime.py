@@ -37,20 +37,24 @@ class PipelineStage:
     """A stage's Cell, its index, the stage count and the global rank of every pipeline rank.
 
     ``pp_ranks[i]`` is the global rank of pipeline rank ``i`` (default: the world, in order). The last
-    stage needs ``loss_fn(output, label) -> scalar``. With ``dp_group`` (the data-parallel replicas
+    stage needs ``loss_fn(output, label) -> scalar``, or ``loss_in_cell=True`` when its Cell takes the
+    label as its last argument and returns the loss (a tensor-parallel stage whose loss must see
+    the vocab-split logits). With ``dp_group`` (the data-parallel replicas
     of this stage, each fed its own slice of the global batch) gradients and loss are averaged over
     the replicas after the last microbatch.
     """
 
     def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
                  pp_ranks: Optional[Sequence[int]] = None, loss_fn: Optional[Callable] = None,
-                 dp_group=None) -> None:
+                 dp_group=None, loss_in_cell: bool = False) -> None:
         if not isinstance(cell, nn.Cell):
             raise TypeError(f"PipelineStage: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
         if not 0 <= stage_index < stage_num:
             raise ValueError(f"PipelineStage: stage_index={stage_index} must be in [0, {stage_num})")
-        if stage_index == stage_num - 1 and loss_fn is None:
-            raise ValueError(f"PipelineStage: the last stage ({stage_index}) needs loss_fn(output, label)")
+        if stage_index == stage_num - 1 and loss_fn is None and not loss_in_cell:
+            raise ValueError(f"PipelineStage: the last stage ({stage_index}) needs loss_fn(output, label), or "
+                             f"loss_in_cell=True when its Cell takes (inputs..., label) and returns the loss")
+        self.loss_in_cell = loss_in_cell
         self.cell, self.stage_index, self.stage_num = cell, stage_index, stage_num
         self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
         self.loss_fn = loss_fn
@@ -68,6 +72,10 @@ class PipelineStage:
         if not self.is_last:
             return self.cell
         cell, loss_fn, scale = self.cell, self.loss_fn, 1.0 / micro_batch_num
+        if self.loss_in_cell:   # e.g. a tensor-parallel GPT stage computing a vocab-parallel loss
+            def last_in_cell(*args):
+                return cell(*args) * scale
+            return last_in_cell
 
         def last(*args):  # stage inputs..., label
             return loss_fn(cell(*args[:-1]), args[-1]) * scale
@@ -187,7 +195,9 @@ class PipelineRuntime:
         saved: Dict[Tuple[int, int], Any] = {}
         losses = []
         for st in self.stages.values():
-            st.grads = tuple(ops.zeros_like(p) for p in st.params)
+            # ops.zeros, not zeros_like: for a Parameter shrunk to its shard (set_data(slice_shape=True))
+            # zeros_like was measured to return the pre-shrink shape under msrun (vocab-parallel embedding)
+            st.grads = tuple(ops.zeros(tuple(p.shape), p.dtype) for p in st.params)
         for step in self.schedule.local_order:
             start = time.perf_counter() if self.record else 0.0
             self._execute(step, xs, ys, acts, grads, saved, losses, m)

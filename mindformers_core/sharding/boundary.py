@@ -109,6 +109,16 @@ class ShardedCall(CommCell):
         self.n_post = len(post)
         self.single_output = single_output
 
+    def __getattr__(self, name):
+        """Attributes of the wrapped Cell stay reachable (``model.decoder.layer_numbers``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            cells = self.__dict__.get("_cells")
+            if cells is None or "inner" not in cells:
+                raise
+            return getattr(cells["inner"], name)
+
     def construct(self, *args):
         new_args = ()
         for i in range(self.n_pre):

@@ -34,7 +34,7 @@ def mesh_layout(config=None, mesh=None) -> Layout:
     ``model_parallel``/``context_parallel`` too) as axes ("dp", "cp", "tp")."""
     if mesh is not None:
         if hasattr(mesh, "shape") and hasattr(mesh, "dim_names"):
-            return Layout(tuple(mesh.shape), tuple(mesh.dim_names))
+            return Layout(tuple(mesh.shape), tuple(mesh.dim_names), list(mesh.rank_list))
         return as_layout(mesh)
 
     def get(*names, default=1):
@@ -101,9 +101,8 @@ def parallelize(model: nn.Cell, config=None, *sample_inputs, mesh=None, rank: Op
     if rank is None:
         from ..distributed.env import get_env
         rank = get_env().rank
-    world = int(np.prod(plan.mesh.device_matrix))
-    if not 0 <= rank < world:
-        raise ValueError(f"parallelize: rank {rank} is outside the mesh of {world} devices "
+    if rank not in plan.mesh.rank_list:
+        raise ValueError(f"parallelize: rank {rank} is not in the mesh's ranks {list(plan.mesh.rank_list)} "
                          f"{dict(zip(plan.mesh.alias_name, plan.mesh.device_matrix))}")
     _check_executable(plan)
     _shard_parameters(model, plan, rank)

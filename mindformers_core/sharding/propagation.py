@@ -165,6 +165,13 @@ def fit_layout(layout, ndim: int, mesh: Layout, what: str) -> Layout:
         raise PlanError(f"{what}: layout {layout!r} is on device matrix {layout.device_matrix} with aliases "
                         f"{layout.alias_name}, but the model is planned on {mesh.device_matrix} with "
                         f"{mesh.alias_name}; build layouts from the same mesh")
+    if list(layout.rank_list) != list(mesh.rank_list):
+        # a declaration describes the tensor map; the plan's mesh decides which ranks hold it (a
+        # pipeline stage's layers declare on config.layout, the stage plans on its own ranks)
+        rebased = make_layout(mesh, layout.dims)
+        for op in sorted(set(layout.partial.values())):
+            rebased = rebased.with_partial([a for a, o in layout.partial.items() if o == op], op)
+        layout = rebased
     if layout.ndim == ndim:
         return strip_unit_axes(layout)
     if layout.ndim == 0 or layout.ndim > ndim:
