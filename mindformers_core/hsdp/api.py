@@ -30,8 +30,20 @@ from .step import Accumulate, Comm, Drain, Gather, GradReducer, ShardedUpdate, a
 _IDS = itertools.count()
 
 
-def _dp_ranks(dp_group) -> List[int]:
+def _plan_dp_ranks(cell) -> Optional[List[int]]:
+    """For a model sharded by ``parallelize``: this rank's ranks along the plan's "dp" axis."""
+    plan = getattr(cell, "mfc_sharding_plan", None)
+    if plan is None or "dp" not in plan.mesh.alias_name:
+        return None
+    from ..sharding.dtensor import mesh_of
+    mesh = mesh_of(plan.mesh)
+    return list(mesh.group_ranks(("dp",)))
+
+
+def _dp_ranks(dp_group, cell=None) -> List[int]:
     """The data-parallel ranks, without creating any group."""
+    if dp_group is None and cell is not None and _plan_dp_ranks(cell) is not None:
+        return _plan_dp_ranks(cell)
     if dp_group is None:
         from ..distributed import parallel_state
         if parallel_state.model_parallel_is_initialized():
@@ -57,12 +69,14 @@ def hsdp(cell: nn.Cell, shard_size: int = 1, threshold: float = 64, optimizer_le
     many KB stay unsharded. ``optimizer_level``: ``level1`` shards optimizer states, ``level2``
     also gradients, ``level3`` also parameters. ``accumulate_grad_step``: micro-steps per
     optimizer step (gradients averaged; communication on the last micro-step only).
-    ``dp_group``: ProcessGroup or rank list; default: parallel_state's data(-context)-parallel
-    group if initialized, else the world. Bad arguments raise ValueError before any group exists.
+    ``dp_group``: ProcessGroup or rank list; default: the "dp" axis of the sharding plan when
+    ``cell`` was sharded by ``parallelize`` (tensor parallel composes: hsdp shards the local
+    tensor-parallel shards along dp), else parallel_state's data(-context)-parallel group if
+    initialized, else the world. Bad arguments raise ValueError before any group exists.
     """
     if not isinstance(cell, nn.Cell):
         raise TypeError(f"hsdp: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
-    ranks = _dp_ranks(dp_group)
+    ranks = _dp_ranks(dp_group, cell)
     size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
     return HSDPCell(cell, ranks, size, float(threshold), optimizer_level, accumulate_grad_step)
 
@@ -269,7 +283,17 @@ class TrainStep:
         k, dp = wrapped.accumulate_grad_step, wrapped.dp_group.size
         self.k, self.micro = k, 0
         self.grad_fn = ms.value_and_grad(loss_fn, None, ParameterTuple(self.params))
-        self.reducer = GradReducer(plans, wrapped.level, wrapped.comm, 1.0 / (dp * k))
+        # A model sharded by ``parallelize`` already returns the global loss and scales its
+        # backward by 1/dp (its gradients are partial sums over dp): sum them over dp, and first
+        # sum the model-parallel axes (e.g. tp for sequence-parallel norm weights).
+        self.sharded_model = any(hasattr(p, "mfc_grad_axes") for p in self.params)
+        self.model_parallel_reducer = None
+        if self.sharded_model:
+            from ..sharding.parallelize import GradientReducer as ModelParallelReducer
+            self.model_parallel_reducer = ModelParallelReducer(self.params, skip_axes=("dp",))
+        self.loss_scale = float(dp) if self.sharded_model else 1.0
+        scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)
+        self.reducer = GradReducer(plans, wrapped.level, wrapped.comm, scale)
         self.updater = wrapped._updater(optimizer)
         self.clipper = None
         if max_grad_norm is not None:
@@ -293,6 +317,7 @@ class TrainStep:
         grad_fn, reducer, updater = self.grad_fn, self.reducer, self.updater
         clipper, accumulate, drain = self.clipper, self.accumulate, self.drain
         accumulating, clipping = drain is not None, clipper is not None
+        mp_reducer, sharded_model, loss_scale = self.model_parallel_reducer, self.sharded_model, self.loss_scale
 
         def micro_step(*args):
             loss, grads = grad_fn(*args[:n])
@@ -302,7 +327,11 @@ class TrainStep:
             loss, grads = grad_fn(*args[:n])
             if accumulating:
                 grads, loss = drain(grads, loss)
+            if sharded_model:
+                grads = mp_reducer(grads)
             grads, loss = reducer(grads, loss)
+            if sharded_model:
+                loss = loss / loss_scale     # every rank held the global loss: undo the dp sum
             if clipping:
                 grads, _ = clipper(grads)
             shards = updater(grads)
