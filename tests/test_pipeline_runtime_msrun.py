@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from mindformers_core.testing import run_msrun
+from mindformers_core.testing.msrun import MsrunError
 
 pytestmark = pytest.mark.msrun
 ALL = ["gpipe", "1f1b", "interleaved", "zb_h1", "zbv"]
@@ -60,3 +61,16 @@ def test_pp2_with_data_parallel_2():
                 ref = r["ref_params"][key]
                 err = np.abs(value - ref).max() / np.abs(ref).max()
                 assert err <= 1e-5, f"{mode} layer {key}: relative error {err:.2e}"
+
+
+def test_stalled_peer_is_reported_not_hung():
+    """A peer that never sends: the waiting stage names itself, the microbatch and the peer rank
+    within its timeout instead of hanging."""
+    import time
+    start = time.monotonic()
+    with pytest.raises(MsrunError) as err:
+        run_msrun("tests.bodies.pipeline_body:run_stalled", 2, timeout=240, kwargs={"timeout": 8.0})
+    text = str(err.value)
+    assert "pipeline timeout: stage 1 (rank 1) waiting for the activation of microbatch 0 from stage 0 (rank 0)" \
+        in text, text[-2000:]
+    assert time.monotonic() - start < 150

@@ -17,6 +17,9 @@ weight-gradient functions.
 """
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +34,40 @@ from .microbatch import MicrobatchConfig
 
 _META_LEN = 10  # ndim + up to 8 dims + dtype code, sent once per stage boundary
 _DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.int32, ms.int64)
+
+
+class Watchdog:
+    """Bounds a blocking point-to-point exchange. A dead or stalled peer would leave this rank
+    blocked inside a collective forever, and nothing in Python can interrupt that call; after
+    ``timeout`` seconds the watchdog writes what was awaited (stage, microbatch, peer rank) to
+    stderr and to ``$MFC_ERROR_FILE`` (the msrun harness reads it at once), then ends the process."""
+
+    def __init__(self, timeout: float, waiting_for: str):
+        self.timeout, self.waiting_for = timeout, waiting_for
+        self.timer: Optional[threading.Timer] = None
+
+    def _fire(self) -> None:
+        text = (f"pipeline timeout: {self.waiting_for} did not complete within {self.timeout:.0f}s; the peer is "
+                f"stalled or dead (see its log). Set MFC_PIPELINE_TIMEOUT or runtime.timeout to wait longer.\n")
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        path = os.environ.get("MFC_ERROR_FILE")
+        if path:
+            with open(path, "w") as f:
+                f.write(text)
+        os._exit(3)
+
+    def __enter__(self):
+        if self.timeout > 0:
+            self.timer = threading.Timer(self.timeout, self._fire)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.timer is not None:
+            self.timer.cancel()
+        return False
 
 
 class PipelineStage:
@@ -130,30 +167,37 @@ class PipelineRuntime:
         # (MetaStep, start, end) in seconds; compute steps then synchronise (for benchmarks)
         self.record = False
         self.trace: List[Tuple[MetaStep, float, float]] = []
+        # seconds a send/recv may block before the watchdog reports the stalled peer and ends
+        # this process (a rank blocked inside a collective cannot be interrupted from Python)
+        self.timeout = float(os.environ.get("MFC_PIPELINE_TIMEOUT", "900"))
 
     def _rank_of(self, stage: int) -> int:
         return self.pp_ranks[self.schedule.placement[stage]]
 
     # ---- point to point with a one-time shape handshake ---------------------------------------
-    def _send(self, x, stage: int, to_stage: int, announce: bool):
+    def _send(self, x, stage: int, to_stage: int, announce: bool, what: str = "tensor"):
         dst = self._rank_of(to_stage)
-        if announce:
-            meta = np.zeros((_META_LEN,), np.float32)
-            meta[0] = len(x.shape)
-            meta[1:1 + len(x.shape)] = x.shape
-            meta[-1] = _DTYPES.index(x.dtype)
-            comm.send(Tensor(meta), dst).asnumpy()
-        comm.send(x, dst).asnumpy()
+        with Watchdog(self.timeout, f"stage {stage} (rank {get_env().rank}) sending {what} to stage "
+                                    f"{to_stage} (rank {dst})"):
+            if announce:
+                meta = np.zeros((_META_LEN,), np.float32)
+                meta[0] = len(x.shape)
+                meta[1:1 + len(x.shape)] = x.shape
+                meta[-1] = _DTYPES.index(x.dtype)
+                comm.send(Tensor(meta), dst).asnumpy()
+            comm.send(x, dst).asnumpy()
 
-    def _recv(self, from_stage: int, like_shape=None, dtype=None):
+    def _recv(self, from_stage: int, like_shape=None, dtype=None, what: str = "tensor", to_stage: int = -1):
         src = self._rank_of(from_stage)
-        if like_shape is None:
-            meta = comm.recv(Tensor(np.zeros((_META_LEN,), np.float32)), src).asnumpy()
-            ndim = int(meta[0])
-            like_shape, dtype = tuple(int(d) for d in meta[1:1 + ndim]), _DTYPES[int(meta[-1])]
-            self._boundary[from_stage] = (like_shape, dtype)
-        out = comm.recv(ops.zeros(like_shape, dtype), src)
-        out.asnumpy()
+        with Watchdog(self.timeout, f"stage {to_stage} (rank {get_env().rank}) waiting for {what} from "
+                                    f"stage {from_stage} (rank {src})"):
+            if like_shape is None:
+                meta = comm.recv(Tensor(np.zeros((_META_LEN,), np.float32)), src).asnumpy()
+                ndim = int(meta[0])
+                like_shape, dtype = tuple(int(d) for d in meta[1:1 + ndim]), _DTYPES[int(meta[-1])]
+                self._boundary[from_stage] = (like_shape, dtype)
+            out = comm.recv(ops.zeros(like_shape, dtype), src)
+            out.asnumpy()
         return out
 
     def _check_boundary(self, stage: int, x) -> bool:
@@ -235,15 +279,17 @@ class PipelineRuntime:
             self._backward(step, stage, saved, acts, grads, m)
         elif t is T.FWD_SEND:
             out = acts[(mb, s)]
-            self._send(out, s, s + 1, self._check_boundary(s, out))
+            self._send(out, s, s + 1, self._check_boundary(s, out), f"the activation of microbatch {mb}")
         elif t is T.FWD_RECV:
             known = self._boundary.get(s - 1)
-            acts[(mb, s - 1)] = self._recv(s - 1, *(known or (None, None)))
+            acts[(mb, s - 1)] = self._recv(s - 1, *(known or (None, None)),
+                                           what=f"the activation of microbatch {mb}", to_stage=s)
         elif t is T.BWD_SEND:
-            self._send(grads[(mb, s)], s, s - 1, announce=False)
+            self._send(grads[(mb, s)], s, s - 1, announce=False, what=f"the gradient of microbatch {mb}")
         elif t is T.BWD_RECV:
             shape, dtype = tuple(acts[(mb, s)].shape), acts[(mb, s)].dtype
-            grads[(mb, s + 1)] = self._recv(s + 1, shape, dtype)
+            grads[(mb, s + 1)] = self._recv(s + 1, shape, dtype, what=f"the gradient of microbatch {mb}",
+                                            to_stage=s)
         # handoffs: producer and consumer share the tables on this rank
 
     def _average_over_replicas(self, loss):

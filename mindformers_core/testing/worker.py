@@ -16,6 +16,8 @@ def main(argv):
     from mindformers_core.distributed import init_distributed
     env = init_distributed()
 
+    # code that must end the process itself (e.g. the pipeline watchdog) reports here too
+    os.environ["MFC_ERROR_FILE"] = os.path.join(out_dir, f"rank_{env.rank}.error")
     module_name, func_name = target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     try:

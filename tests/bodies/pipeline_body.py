@@ -122,3 +122,19 @@ def _global_data(step):
     rng = np.random.default_rng(200 + step)
     return (Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)),
             Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)))
+
+
+def run_stalled(timeout=8.0):
+    """Stage 0's rank never sends (it sleeps); stage 1's runtime must report who it waited for."""
+    import time as _time
+    env = get_env()
+    layers = _layers()
+    if env.rank == 0:
+        _time.sleep(120)          # stalled peer: killed by the harness once rank 1 reports
+        return {"rank": 0}
+    stage = PipelineStage(nn.SequentialCell(layers[LAYERS // 2:]), 1, 2, loss_fn=loss_fn)
+    sched = pp.Schedule1F1B(stage, 2)
+    sched.runtime("pynative").timeout = timeout
+    x, y = _data(0)
+    sched.run(None, y, mode="pynative")
+    return {"rank": 1, "finished": True}
