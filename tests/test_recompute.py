@@ -13,16 +13,9 @@ from mindformers_core.recompute import (ActivationMeter, PatternError, Recompute
                                         compile_pattern, from_mindformers, layers_of, model_tree, plan_recompute,
                                         plan_swap, resolve, swap_from_mindformers, translate_mindformers)
 from mindformers_core.pipeline.runtime import PipelineStage
-from mindformers_core.transformer import GPTModel, TransformerConfig, VocabParallelCrossEntropy
+from mindformers_core.transformer import GPTModel, VocabParallelCrossEntropy
 
-B, S, V = 2, 16, 64
-
-
-def tiny(**kw):
-    args = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, vocab_size=V,
-                seq_length=S, ffn_hidden_size=48)
-    args.update(kw)
-    return TransformerConfig(**args)
+from tests.test_transformer import B, S, V, tiny  # noqa: E402  (one tiny config for model tests)
 
 
 def batch():

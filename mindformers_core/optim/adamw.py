@@ -51,10 +51,10 @@ class Optimizer(nn.Cell):
         self.parameters = ParameterTuple(params)
 
     def apply(self, values, grads):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement apply(values, grads) (abstract base)")
 
     def state_of(self, index: int) -> Tuple[Parameter, ...]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement state_of(index) (abstract base)")
 
     def construct(self, grads):
         new = self.apply(self.parameters, grads)

@@ -39,10 +39,10 @@ class LearningRateSchedule(nn.Cell):
 
     def _after_warmup(self, step):
         """Rate for ``step >= warmup_steps`` (float32 Tensor step)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _after_warmup (abstract base)")
 
     def _after_warmup_py(self, step: int) -> float:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _after_warmup_py (abstract base)")
 
     def construct(self, step):
         step = ops.cast(step, ms.float32)

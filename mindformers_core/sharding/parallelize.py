@@ -11,7 +11,7 @@ data-parallel axis is among them for every replicated weight).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn

@@ -34,7 +34,7 @@ from .layout import Layout, as_layout
 from .redistribution import RedistributionPlan, plan_redistribution
 from .rules import RuleResult, infer
 from .rules.common import make_layout
-from .trace import Graph, Node, prod
+from .trace import Graph, Node
 
 _ITEMSIZE = {"Float32": 4, "Float16": 2, "BFloat16": 2, "Float64": 8, "Int32": 4, "Int64": 8,
              "Bool": 1, "Int8": 1, "UInt8": 1, "Int16": 2}
@@ -168,19 +168,13 @@ def fit_layout(layout, ndim: int, mesh: Layout, what: str) -> Layout:
     if list(layout.rank_list) != list(mesh.rank_list):
         # a declaration describes the tensor map; the plan's mesh decides which ranks hold it (a
         # pipeline stage's layers declare on config.layout, the stage plans on its own ranks)
-        rebased = make_layout(mesh, layout.dims)
-        for op in sorted(set(layout.partial.values())):
-            rebased = rebased.with_partial([a for a, o in layout.partial.items() if o == op], op)
-        layout = rebased
+        layout = make_layout(mesh, layout.dims, dict(layout.partial))
     if layout.ndim == ndim:
         return strip_unit_axes(layout)
     if layout.ndim == 0 or layout.ndim > ndim:
         raise PlanError(f"{what}: layout has {layout.ndim} entries for a {ndim}-dim tensor")
     dims = [layout.dims[0]] + [()] * (ndim - layout.ndim) + list(layout.dims[1:])
-    out = make_layout(mesh, dims)
-    for op in sorted(set(layout.partial.values())):
-        out = out.with_partial([a for a, o in layout.partial.items() if o == op], op)
-    return strip_unit_axes(out)
+    return strip_unit_axes(make_layout(mesh, dims, dict(layout.partial)))
 
 
 def _as_tuple(value) -> Tuple[Any, ...]:
@@ -357,12 +351,8 @@ def strip_unit_axes(layout: Optional[Layout]) -> Optional[Layout]:
     unit = {a for a in layout.alias_name if layout.axis_size(a) == 1}
     if not unit or not (set(layout.sharded_axes()) | set(layout.partial)) & unit:
         return layout
-    out = make_layout(layout, [tuple(a for a in axes if a not in unit) for axes in layout.dims])
-    for op in sorted(set(layout.partial.values())):
-        axes = [a for a, o in layout.partial.items() if o == op and a not in unit]
-        if axes:
-            out = out.with_partial(axes, op)
-    return out
+    return make_layout(layout, [tuple(a for a in axes if a not in unit) for axes in layout.dims],
+                       {a: op for a, op in layout.partial.items() if a not in unit})
 
 
 def _strip_result(res: RuleResult) -> RuleResult:

@@ -13,7 +13,7 @@ import difflib
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from mindspore import nn
 
@@ -25,7 +25,7 @@ class ParallelStyle:
     """How one Cell is split. ``declare(cell, path, mesh)`` returns its :class:`Declaration`."""
 
     def declare(self, cell, path: str, mesh: Layout) -> Declaration:   # pragma: no cover - interface
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement declare(cell, path, mesh) (abstract base)")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -16,7 +16,6 @@ not in the table produces a tensor of unknown origin, and its first consumer rai
 """
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -347,6 +346,15 @@ class _Tracer:
     def scope(self) -> str:
         return self.scopes[-1] if self.scopes else ""
 
+    def register_outputs(self, outs, rule: str, index: int) -> List[int]:
+        """New tensor ids for an op's outputs, bound in the current scope."""
+        tids = []
+        for o in outs:
+            tid = self.new_tensor(o, "op", f"{rule}#{index}")
+            self.bind(o, tid)
+            tids.append(tid)
+        return tids
+
     # recording
     def record_op(self, rule: str, inputs: Sequence[Any], attrs: Dict[str, Any], out) -> None:
         where = f"op {rule!r} in {self.scope() or '<model>'}"
@@ -358,12 +366,8 @@ class _Tracer:
             attrs = {"axis": attrs["axis"], "sizes": tuple(_shape(o)[attrs["axis"] % len(_shape(o))]
                                                            for o in outs)}
         index = len(self.g.nodes)
-        out_tids = []
-        for o in outs:
-            tid = self.new_tensor(o, "op", f"{rule}#{index}")
-            self.bind(o, tid)
-            out_tids.append(tid)
-        self.g.add_node(Node(index, "op", rule, in_tids, out_tids, self.scope(), attrs))
+        self.g.add_node(Node(index, "op", rule, in_tids, self.register_outputs(outs, rule, index), self.scope(),
+                             attrs))
 
     def call_cell(self, cell, orig_call, args, kwargs):
         path = self.cell_paths.get(id(cell))
@@ -403,13 +407,8 @@ class _Tracer:
                     self.depth -= 1
                 outs = [o for o in _flat(out) if isinstance(o, Tensor)]
                 index = len(self.g.nodes)
-                out_tids = []
-                for o in outs:
-                    tid = self.new_tensor(o, "op", f"{rule}#{index}")
-                    self.bind(o, tid)
-                    out_tids.append(tid)
-                self.g.add_node(Node(index, "op", rule, inner + params, out_tids, path, attrs,
-                                     cell=cell, call=call.index))
+                self.g.add_node(Node(index, "op", rule, inner + params, self.register_outputs(outs, rule, index),
+                                     path, attrs, cell=cell, call=call.index))
                 call.node = index
             else:
                 out = orig_call(cell, *args)
@@ -504,6 +503,3 @@ def trace(model: nn.Cell, *inputs) -> Graph:
         _ACTIVE.tracer = None
     return g
 
-
-def prod(shape) -> int:
-    return int(math.prod(shape)) if shape else 1
