@@ -135,6 +135,21 @@ def test_resume_is_exact_and_restores_every_state(tiny, uninterrupted, tmp_path)
     assert s1.trainer_state["step"] == s2.trainer_state["step"] == STEPS
 
 
+@pytest.mark.parametrize("mode", [1, 0], ids=["pynative", "jit"])
+def test_accumulation_and_recompute_keep_the_losses(tiny, uninterrupted, tmp_path, mode, capsys):
+    """2 micro-steps of 2 rows = one batch of 4 rows; recomputed layers change memory, not numbers."""
+    out = tmp_path / "accumulated"
+    assert run_mindformer.main(args(tiny, out, "--mode", mode, "--train_dataset.dataset_dir", tiny["data_dir"],
+                                    "--runner_config.batch_size", 2, "--runner_config.gradient_accumulation_steps", 2,
+                                    "--recompute_config.recompute", "True", "--callbacks", "[]")) == 0
+    assert "recompute: 2 Cells (decoder.layers.0, decoder.layers.1)" in capsys.readouterr().out
+    got, want = records(out), records(uninterrupted)
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        assert abs(g["loss"] - w["loss"]) <= 1e-5 * abs(w["loss"]), (got, want)
+        assert abs(g["grad_norm"] - w["grad_norm"]) <= 1e-4 * abs(w["grad_norm"]), (got, want)
+
+
 def test_predict_is_greedy_deterministic_and_matches_the_logits(tiny, uninterrupted, tmp_path, capsys):
     """run_mode predict prints prompt + greedy continuation; the tokenizer comes from the checkpoint;
     the first new token is the argmax of an unparallelized model's logits for the loaded weights."""
@@ -189,8 +204,19 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
     (1, ["--runner_config.batch_size", "four", "--parallel_config.data_parallel", "True"],
      ["runner_config.batch_size = 'four': must be int (got str)",
       "parallel_config.data_parallel = True: must be int (got bool)"]),
-    (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2],
-     ["parallel_config.pipeline_stage = 2: pipeline parallelism is not wired into this trainer yet"]),
+    (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 3,
+         "--parallel.pipeline_config.pipeline_scheduler", "interleaved",
+         "--parallel.pipeline_config.pipeline_interleave", 2, "--model.model_config.num_layers", 4],
+     ["parallel.pipeline_config.pipeline_scheduler = 'interleaved' with parallel_config.pipeline_stage 2, "
+      "pipeline_interleave 2, micro_batch_num 3: ScheduleInterleaved1F1B: micro_batch_num=3 must be a multiple of "
+      "the pipeline size pp_size=2"]),
+    (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2,
+         "--parallel.pipeline_config.pipeline_scheduler", "zbv", "--parallel.pipeline_config.pipeline_interleave", 2,
+         "--parallel.pipeline_config.layers_per_stage", "[1, 0, 0, 1]", "--model.model_config.tie_word_embeddings",
+         "True"],
+     ["model.model_config.tie_word_embeddings = True: with parallel_config.pipeline_stage = 2 the embedding",
+      "parallel.pipeline_config.layers_per_stage = [1, 0, 0, 1]: pipeline rank 1 would hold stages [1, 2] with no "
+      "layers and no embedding or output layer"]),
     (1, ["--model.model_config.vocab_size", 512],
      ["model.model_config.vocab_size = 512: must equal the tokenizer's vocabulary, 384 pieces in "
       "train_dataset.tokenizer_file = "]),
@@ -198,14 +224,13 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
      ["train_dataset.dataset_dir = '/nonexistent/corpus.txt': no such file or directory"]),
     (1, ["--load_checkpoint", "/nonexistent/checkpoint"],
      ["load_checkpoint = '/nonexistent/checkpoint': no such checkpoint directory or file"]),
-    (1, ["--runner_config.max_grad_norm", -1, "--runner_config.gradient_accumulation_steps", 2,
-         "--runner_config.max_steps", 0],
+    (1, ["--runner_config.max_grad_norm", -1, "--runner_config.max_steps", 0],
      ["runner_config.max_grad_norm = -1: must be >= 0",
-      "runner_config.gradient_accumulation_steps = 2: not wired into this trainer",
       "runner_config.max_steps = 0: must be -1 (the epochs decide) or >= 1"]),
     (2, ["--use_parallel", "True", "--run_mode", "predict", "--parallel_config.data_parallel", 2],
      ["run_mode = 'predict': runs on one process, not 2 workers"]),
-], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_not_wired", "vocab",
+], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_schedule",
+         "pipeline_tie_and_empty_rank", "vocab",
         "dataset_dir", "load_checkpoint", "runner", "predict_parallel"])
 def test_bad_config_exits_2_before_any_process_group(tiny, tmp_path, monkeypatch, capsys, workers, extra, expected):
     def no_init(*a, **k):

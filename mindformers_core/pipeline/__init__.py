@@ -14,7 +14,7 @@ from .planner import (LayerCost, LayerProfile, StagePlan, auto_stage_plan, measu
 from .replay import StepTiming
 from .schedule import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
 from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
-                        ScheduleZeroBubbleV)
+                        ScheduleZeroBubbleV, build_schedule)
 from .simulator import Timeline, simulate
 from .stage import StageInfo, stage_placement, stages_of_rank
 from .stage_split import (get_transformer_layer_offset, layers_of_stage, parse_layer_ranges,
@@ -23,7 +23,7 @@ from .svg import render_svg, save_svg
 from .validator import validate_schedule
 from .visualizer import load_trace, render_text, save_trace, timeline_from_trace, to_chrome_trace, trace_to_dict
 
-__all__ = ["BUILTIN_SCHEDULES", "MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec", "get_transformer_layer_offset",
+__all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec", "get_transformer_layer_offset",
            "layers_of_stage", "merge_microbatches", "parse_layer_ranges", "split_microbatches",
            "split_model", "stage_layer_ranges", "DeadlockError", "MetaStep", "MetaStepType", "PipelineScheduleBase", "PipelineScheduleMulti",
            "PipelineScheduleSingle", "Schedule1F1B", "ScheduleError", "ScheduleGPipe",

@@ -160,3 +160,18 @@ BUILTIN_SCHEDULES = {
     "zb_h1": (ScheduleZeroBubbleH1, 1, "interleaved"),
     "zbv": (ScheduleZeroBubbleV, 2, "v"),
 }
+
+
+def build_schedule(name: str, stages: Sequence, micro_batch_num: int):
+    """The built-in schedule ``name`` (a config's ``pipeline_scheduler``) for this rank's
+    ``stages`` (``PipelineStage`` objects to run it, ``StageInfo`` to validate or simulate it)."""
+    if name not in BUILTIN_SCHEDULES:
+        raise ValueError(f"build_schedule: name={name!r}; valid: {sorted(BUILTIN_SCHEDULES)}")
+    cls = BUILTIN_SCHEDULES[name][0]
+    stages = list(stages)
+    if issubclass(cls, PipelineScheduleSingle):
+        if len(stages) != 1:
+            raise ValueError(f"build_schedule: {name!r} runs one stage per rank, got {len(stages)} "
+                             "(pipeline_interleave must be 1)")
+        return cls(stages[0], micro_batch_num)
+    return cls(stages, micro_batch_num)

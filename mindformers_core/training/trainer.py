@@ -2,19 +2,23 @@
 
 Order of construction (errors as early as possible):
 
-1. ``Trainer(config)``: checks what the trainer itself supports (pipeline/context parallel are not
-   wired), the data and tokenizer files, the tokenizer's vocabulary against ``vocab_size``, the
-   checkpoint to load — all before any process group exists, as one :class:`ConfigError`.
+1. ``Trainer(config)``: checks what the trainer itself supports, the pipeline schedule (built
+   from stage placeholders, so its validator runs), the data and tokenizer files, the tokenizer's
+   vocabulary against ``vocab_size``, the checkpoint to load — all before any process group
+   exists, as one :class:`ConfigError`.
 2. ``setup()``: distributed init → tokenizer and data (each data-parallel rank its own slice) →
-   model (``research/llama``) → ``parallelize`` (tensor/sequence parallel from the layers'
-   ``shard()``) → optimizer (AdamW + lr schedule, global-norm clipping).
-3. ``train()``: load/resume → loop. The same loop runs eagerly (``context.mode: 1``) or as one
-   compiled step (``mode: 0``, ``ms.jit``).
+   model (``research/llama``; with ``pipeline_stage > 1`` only this rank's stages) →
+   ``parallelize`` (tensor/sequence parallel from the layers' ``shard()``, over this stage's
+   ranks) → recompute/swap by Cell name → pipeline schedule → optimizer (AdamW + lr schedule,
+   global-norm clipping over tp and pp).
+3. ``train()``: load/resume → loop. The same loop runs eagerly (``context.mode: 1``) or compiled
+   (``mode: 0``: one ``ms.jit`` step; with a pipeline or gradient accumulation, compiled stage
+   and update functions driven by a Python loop).
 
-Wired today: data parallel, tensor parallel, sequence parallel. ``pipeline_stage > 1`` and
-``context_parallel > 1`` are validated by the schema but not wired into this trainer: it says so
-and stops. Recompute, swap and the parallel optimizer (memory-only features) are ignored with a
-warning. See docs/quickstart.md.
+Ranks are ordered pipeline-outermost (see ``topology.py``). Batches follow MindFormers: a step
+takes ``batch_size x micro_batch_num x gradient_accumulation_steps`` rows per data-parallel
+rank. ``context_parallel > 1`` and the parallel optimizer are not wired (error / warning).
+See docs/quickstart.md.
 """
 from __future__ import annotations
 
@@ -38,12 +42,17 @@ from ..data.dataset import PackedDataset, tokenize_to_cache
 from ..data.tokenizer import LlamaTokenizer, train_tokenizer
 from ..distributed.env import get_env, init_distributed
 from ..optim import AdamW, ClipGradNorm, build_lr_schedule, replication_weights
+from ..pipeline.schedules import build_schedule
+from ..pipeline.stage import StageInfo
+from ..sharding.layout import Layout
 from ..sharding.parallelize import GradientReducer, parallelize
 from .config import Config, ConfigError
+from .topology import Topology
 
 MODELS = ("LlamaForCausalLM",)
 BUILTIN_CORPUS_BYTES = 2_000_000
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_LOCAL_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 _JSONL = (".jsonl", ".json")
 
 
@@ -121,7 +130,9 @@ class Trainer:
     def __init__(self, config: Config, worker_num: Optional[int] = None):
         self.cfg = config
         pc = config.parallel_config
-        self.dp, self.tp = int(pc.data_parallel), int(pc.model_parallel)
+        self.dp, self.tp, self.pp = int(pc.data_parallel), int(pc.model_parallel), int(pc.pipeline_stage)
+        self.micro_batch_num = int(pc.micro_batch_num) if self.pp > 1 else 1
+        self.accumulate = int(config.runner_config.gradient_accumulation_steps)
         self.output_dir = os.path.abspath(config.output_dir)
         self.mode = int(config.context.mode)
         self.predicting = config.run_mode == "predict"
@@ -137,9 +148,7 @@ class Trainer:
         cfg, errors = self.cfg, []
         pc, rc = cfg.parallel_config, cfg.runner_config
         if int(pc.pipeline_stage) > 1:
-            errors.append(f"parallel_config.pipeline_stage = {pc.pipeline_stage}: pipeline parallelism is not wired "
-                          "into this trainer yet (the runtime exists as a library, mindformers_core.pipeline, see "
-                          "docs/pipeline.md); use pipeline_stage: 1")
+            errors += self._pipeline_errors()
         if int(pc.context_parallel) > 1:
             errors.append(f"parallel_config.context_parallel = {pc.context_parallel}: context-parallel attention is "
                           "not implemented; use context_parallel: 1")
@@ -151,9 +160,6 @@ class Trainer:
         if cfg.train_dataset.type == "mindrecord":
             errors.append("train_dataset.type = 'mindrecord': not supported by this trainer; use text (one "
                           "document per line) or jsonl ({\"text\": ...} per line)")
-        if int(rc.gradient_accumulation_steps) != 1:
-            errors.append(f"runner_config.gradient_accumulation_steps = {rc.gradient_accumulation_steps}: not wired "
-                          "into this trainer; use 1 and raise runner_config.batch_size instead")
         max_steps = int(rc.max_steps)
         if max_steps == 0 or max_steps < -1:
             errors.append(f"runner_config.max_steps = {max_steps}: must be -1 (the epochs decide) or >= 1")
@@ -188,17 +194,47 @@ class Trainer:
             except ConfigError as e:
                 errors += e.errors
         self.tokenizer_file = self._tokenizer_file(errors)
-        for key, value, what in (("recompute_config.recompute", cfg.recompute_config.recompute, "recompute"),
-                                 ("recompute_config.select_recompute", cfg.recompute_config.select_recompute,
-                                  "recompute"),
-                                 ("swap_config.swap", cfg.swap_config.swap, "activation swapping"),
-                                 ("parallel.enable_parallel_optimizer", cfg.parallel.enable_parallel_optimizer,
-                                  "the sharded optimizer (use mindformers_core.hsdp as a library)")):
-            if value:
-                self.warnings.append(f"warning: {key} = {value!r}: {what} is not wired into this trainer and is "
-                                     "ignored (memory only; the numbers are the same)")
+        if cfg.parallel.enable_parallel_optimizer:
+            self.warnings.append("warning: parallel.enable_parallel_optimizer = True: the sharded optimizer is not "
+                                 "wired into this trainer and is ignored (memory only; the numbers are the same); "
+                                 "use mindformers_core.hsdp as a library")
         if errors:
             raise ConfigError(errors)
+
+    def _pipeline_errors(self) -> List[str]:
+        """Pipeline settings the schema cannot judge alone: build this job's schedule from stage
+        placeholders (pure logic: the schedule's own validator runs) and check the model fits."""
+        cfg, pc = self.cfg, self.cfg.parallel_config
+        pipe = cfg.parallel.pipeline_config
+        errors = []
+        if cfg.model.model_config.tie_word_embeddings:
+            errors.append("model.model_config.tie_word_embeddings = True: with parallel_config.pipeline_stage = "
+                          f"{pc.pipeline_stage} the embedding (first stage) and output layer (last stage) live on "
+                          "different ranks; set tie_word_embeddings: False")
+        topo = Topology(0, int(pc.pipeline_stage), self.dp, self.tp, int(pipe.pipeline_interleave),
+                        pipe.pipeline_scheduler)
+        if isinstance(pipe.layers_per_stage, list):   # (the schema's rules checked the split itself)
+            from ..pipeline.stage_split import stage_layer_ranges
+            try:
+                ranges = stage_layer_ranges(int(cfg.model.model_config.num_layers), topo.pp, topo.vpp,
+                                            list(pipe.layers_per_stage), "v" if pipe.pipeline_scheduler == "zbv"
+                                            else "interleaved")
+            except (TypeError, ValueError):
+                ranges = None
+            for r in range(topo.pp) if ranges else ():
+                held = [s for s, q in enumerate(topo.placement) if q == r]
+                if not any(len(ranges[s]) for s in held) and 0 not in held and topo.stage_num - 1 not in held:
+                    errors.append(f"parallel.pipeline_config.layers_per_stage = {pipe.layers_per_stage}: pipeline "
+                                  f"rank {r} would hold stages {held} with no layers and no embedding or output "
+                                  "layer (nothing to train); give every rank at least one layer")
+        try:
+            build_schedule(pipe.pipeline_scheduler, [StageInfo(s, topo.stage_num) for s in topo.stages],
+                           int(pc.micro_batch_num))
+        except ValueError as e:
+            errors.append(f"parallel.pipeline_config.pipeline_scheduler = {pipe.pipeline_scheduler!r} with "
+                          f"parallel_config.pipeline_stage {pc.pipeline_stage}, pipeline_interleave "
+                          f"{pipe.pipeline_interleave}, micro_batch_num {pc.micro_batch_num}: {e}")
+        return errors
 
     def _checkpoint_source(self, errors: List[str]) -> Optional[Tuple[str, Any, bool]]:
         """``(root or "file", step or path, resume)`` to load at the start, or None."""
@@ -285,9 +321,13 @@ class Trainer:
         ms.set_context(mode=ms.PYNATIVE_MODE)   # tracing for the plan is PyNative; jit wraps the step
         env = init_distributed() if cfg.use_parallel else get_env()
         self.rank, self.world = env.rank, env.world_size
-        if self.dp * self.tp != self.world:
-            raise ConfigError([f"parallel_config = data_parallel {self.dp} x model_parallel {self.tp} = "
-                               f"{self.dp * self.tp}: must equal the {self.world} worker(s) running"])
+        if self.dp * self.tp * self.pp != self.world:
+            raise ConfigError([f"parallel_config = data_parallel {self.dp} x model_parallel {self.tp} x "
+                               f"pipeline_stage {self.pp} = {self.dp * self.tp * self.pp}: must equal the "
+                               f"{self.world} worker(s) running"])
+        pipe = cfg.parallel.pipeline_config
+        self.topology = Topology(self.rank, self.pp, self.dp, self.tp, int(pipe.pipeline_interleave) if self.pp > 1
+                                 else 1, pipe.pipeline_scheduler)
         for w in self.warnings:
             _log(self.rank, w)
         ms.set_seed(int(cfg.seed))
@@ -295,7 +335,7 @@ class Trainer:
         os.makedirs(self.output_dir, exist_ok=True)
         if self.predicting:
             self.tokenizer = LlamaTokenizer(self.tokenizer_file)
-            self.global_batch = self.local_batch = 1
+            self.global_batch = self.local_batch = self.micro_batch = 1
             self._build_model()
         else:
             self._build_data()
@@ -329,33 +369,107 @@ class Trainer:
             from ..data.dataset import _cache_key   # same name rank 0 writes (content hash)
             _wait_for(os.path.join(cache, f"tokens-{_cache_key(files, self.tokenizer, 'text')}.npy"))
         self.data = PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache, seed=int(cfg.seed),
-                                  shuffle=bool(ds.shuffle), dp_rank=self.rank // self.tp, dp_size=self.dp)
-        self.local_batch = int(cfg.runner_config.batch_size)
+                                  shuffle=bool(ds.shuffle), dp_rank=self.topology.dp_rank, dp_size=self.dp)
+        # MindFormers' batch: batch_size rows per microbatch; a step takes micro_batch_num
+        # microbatches (pipeline) times gradient_accumulation_steps micro-steps per data-parallel rank
+        self.micro_batch = int(cfg.runner_config.batch_size)
+        self.local_batch = self.micro_batch * self.micro_batch_num * self.accumulate
         self.global_batch = self.local_batch * self.dp
         self.steps_per_epoch = self.data.samples_per_epoch // self.local_batch
         if self.steps_per_epoch < 1:
-            raise ConfigError([f"runner_config.batch_size = {self.local_batch}: each data-parallel rank has only "
-                               f"{self.data.samples_per_epoch} samples of {mc.seq_length} tokens per epoch"])
+            raise ConfigError([f"runner_config.batch_size = {self.micro_batch}: a step takes {self.local_batch} "
+                               f"samples per data-parallel rank (x micro_batch_num {self.micro_batch_num} x "
+                               f"gradient_accumulation_steps {self.accumulate}) but each data-parallel rank has "
+                               f"only {self.data.samples_per_epoch} samples of {mc.seq_length} tokens per epoch"])
         self.total_steps = self.steps_per_epoch * int(cfg.runner_config.epochs)
         if int(cfg.runner_config.max_steps) > 0:
             self.total_steps = min(self.total_steps, int(cfg.runner_config.max_steps))
 
     def _build_model(self) -> None:
+        """The Llama (one model, or this rank's pipeline stages), sharded over this stage's ranks
+        by the layers' shard() declarations, with recompute/swap applied by Cell name."""
         from research.llama.llama import LlamaConfig, LlamaForCausalLM
-        cfg = self.cfg
+        cfg, topo = self.cfg, self.topology
         pc = dict(cfg.parallel_config)
         self.model_config = LlamaConfig.from_model_config(cfg.model.model_config, pc)
-        self.model_config.data_parallel_size = self.dp
-        self.model_config.tensor_model_parallel_size = self.tp
-        self.model_config.sequence_parallel = bool(pc.get("use_seq_parallel", False)) and self.tp > 1
-        ms.set_seed(int(cfg.seed))
-        self.model = LlamaForCausalLM(self.model_config)
+        mcfg = self.model_config
+        mcfg.data_parallel_size = self.dp
+        mcfg.tensor_model_parallel_size = self.tp
+        mcfg.pipeline_model_parallel_size = self.pp
+        mcfg.virtual_pipeline_model_parallel_size = topo.vpp if topo.vpp > 1 else None
+        mcfg.sequence_parallel = bool(pc.get("use_seq_parallel", False)) and self.tp > 1
+        mesh = Layout((self.dp, 1, self.tp), ("dp", "cp", "tp"), topo.stage_ranks)
         seq = int(cfg.model.model_config.seq_length)
-        sample = np.zeros((self.global_batch, seq), np.int32)
-        parallelize(self.model, self.model_config, sample, sample, rank=self.rank)
+        rows = self.micro_batch * self.dp          # global rows of one microbatch (plans see global shapes)
+        ids = np.zeros((rows, seq), np.int32)
+        counts = self._layer_counts() if self.pp > 1 else None
+        self.chunks = []
+        for s in topo.stages:
+            ms.set_seed(int(cfg.seed))
+            if self.pp == 1:
+                chunk = LlamaForCausalLM(mcfg)
+                parallelize(chunk, mcfg, ids, ids, mesh=mesh, rank=self.rank)
+            else:
+                chunk = LlamaForCausalLM(mcfg, pp_rank=s % self.pp, vp_stage=s // self.pp if topo.vpp > 1 else None,
+                                         layers_per_stage=counts)
+                self._parallelize_stage(chunk, s, mesh, ids)
+                numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
+                for p in chunk.trainable_params():       # global names: unique per rank, checkpoint-ready
+                    p.name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", p.name)
+            self._apply_recompute(chunk)
+            self.chunks.append(chunk)
+        self.model = self.chunks[0]
         self.plan = self.model.mfc_sharding_plan
-        self.input_layout = self.plan.input_layouts[0]
-        self.params = self.model.trainable_params()
+        self.params = [p for chunk in self.chunks for p in chunk.trainable_params()]
+
+    def _layer_counts(self) -> Optional[List[int]]:
+        """Layers per stage in model order: explicit ``layers_per_stage``, measured (``auto``), or
+        None (MindFormers' ``offset``, or uniform)."""
+        cfg, topo = self.cfg, self.topology
+        explicit = cfg.parallel.pipeline_config.layers_per_stage
+        if explicit is None:
+            return None
+        if explicit == "auto":
+            from ..pipeline.planner import auto_stage_plan
+            plan = auto_stage_plan(cfg.to_dict(), rank=self.rank,
+                                   output_dir=self.output_dir)
+            _log(self.rank, f"layers_per_stage: auto -> {plan.counts} (stage_plan.json in {self.output_dir})")
+            return plan.counts
+        from ..pipeline.stage_split import stage_layer_ranges
+        kind = "v" if cfg.parallel.pipeline_config.pipeline_scheduler == "zbv" else "interleaved"
+        ranges = stage_layer_ranges(int(cfg.model.model_config.num_layers), self.pp, topo.vpp, list(explicit), kind)
+        return [len(r) for r in ranges]
+
+    def _parallelize_stage(self, chunk, s: int, mesh, ids: np.ndarray) -> None:
+        """A pipeline stage takes ids (first stage) or hidden states, and labels on the last stage;
+        hidden states arrive split over dp (and over tp along the sequence with SP)."""
+        last = s == self.topology.stage_num - 1
+        dpx = "dp" if self.dp > 1 else "None"
+        if s == 0:
+            parallelize(chunk, self.model_config, ids, mesh=mesh, rank=self.rank)
+            return
+        hidden = np.zeros(ids.shape + (self.model_config.hidden_size,), np.float32)
+        h_layout = mesh(dpx, "tp" if self.model_config.sequence_parallel else "None", "None")
+        samples, layouts = (hidden, ids), [h_layout, mesh(dpx, "None")]
+        if not last:
+            samples, layouts = samples[:1], layouts[:1]
+        parallelize(chunk, self.model_config, *samples, mesh=mesh, rank=self.rank, input_layouts=layouts)
+
+    def _apply_recompute(self, chunk) -> None:
+        """recompute_config / swap_config as MindFormers writes them (see docs/recompute.md)."""
+        rc, sc = dict(self.cfg.recompute_config), dict(self.cfg.swap_config)
+        if not any(rc.get(k) for k in ("recompute", "select_recompute", "select_comm_recompute")) \
+                and not sc.get("swap"):
+            return
+        from ..recompute import apply_mindformers
+        try:
+            rec, swp = apply_mindformers(chunk, rc, sc if sc.get("swap") else None)
+        except ValueError as e:
+            raise ConfigError([f"recompute_config / swap_config: {e}"]) from None
+        if self.rank == 0:
+            names = ", ".join(rec.names[:3]) + (", ..." if len(rec) > 3 else "")
+            print(f"recompute: {len(rec)} Cells ({names})" + (f"; swap: {len(swp)} Cells" if swp is not None and
+                                                               len(swp) else ""), flush=True)
 
     def _build_optimizer(self) -> None:
         cfg = self.cfg
@@ -370,25 +484,77 @@ class Trainer:
         self.optimizer = AdamW(self.params, self.lr, betas=tuple(oc.betas), eps=float(oc.eps),
                                weight_decay=float(oc.weight_decay))
         self.reducer = GradientReducer(self.params)
-        tp_group = None
-        groups = []
+        groups, axis_groups = [], {}
         if self.tp > 1:
             from ..sharding.dtensor import mesh_of
-            tp_group = mesh_of(self.plan.mesh).get_group("tp")
-            groups = [tp_group]
-        weights = replication_weights(self.params, {"tp": tp_group}) if tp_group is not None else None
+            axis_groups["tp"] = mesh_of(self.plan.mesh).get_group("tp")
+            groups.append(axis_groups["tp"])
+        self.pp_group = None
+        if self.pp > 1:   # stages hold different parameters: their squared norms add up over pp
+            from ..distributed.process_group import new_group
+            self.pp_group = new_group(self.topology.pp_ranks)
+            groups.append(self.pp_group)
+        weights = replication_weights(self.params, axis_groups) if axis_groups else None
         max_norm = float(cfg.runner_config.max_grad_norm)
         self.clip = ClipGradNorm(max_norm if max_norm > 0 else math.inf, groups, weights)   # inf: norm only
-        grad_fn = ms.value_and_grad(self.model, None, self.params)
-        reducer, clip, optimizer = self.reducer, self.clip, self.optimizer
+        reducer, clip, optimizer, k = self.reducer, self.clip, self.optimizer, self.accumulate
 
-        def step(ids, labels):
-            loss, grads = grad_fn(ids, labels)
+        def update(grads):
+            if k > 1:
+                grads = tuple(g / k for g in grads)
             grads, norm = clip(reducer(grads))
             optimizer(grads)
-            return loss, norm
+            return norm
 
-        self.step_fn = ms.jit(step) if self.mode == 0 else step
+        jit = self.mode == 0
+        if self.pp > 1:
+            self.grads_of = self._pipeline_grads()
+        else:
+            grad_fn = ms.value_and_grad(self.model, None, self.params)
+            if k == 1:       # the whole step as one function (one graph under jit)
+                def step(ids, labels):
+                    loss, grads = grad_fn(ids, labels)
+                    return loss, update(grads)
+                self.step_fn = ms.jit(step) if jit else step
+                return
+            self.grads_of = ms.jit(grad_fn) if jit else grad_fn
+        self.update_fn = ms.jit(update) if jit else update
+        self.step_fn = self._accumulating_step
+
+    def _pipeline_grads(self):
+        """``(ids, labels) -> (loss, grads)`` of one schedule run on this rank's stages; the loss
+        (on the last stage's ranks) is shared with every pipeline rank for logging."""
+        from ..distributed import comm
+        from ..pipeline.runtime import PipelineStage
+        topo = self.topology
+        self.stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks,
+                                     loss_in_cell=s == topo.stage_num - 1)
+                       for chunk, s in zip(self.chunks, topo.stages)]
+        self.schedule = build_schedule(self.cfg.parallel.pipeline_config.pipeline_scheduler, self.stages,
+                                       self.micro_batch_num)
+        first, last = 0 in topo.stages, topo.stage_num - 1 in topo.stages
+        mode = "jit" if self.mode == 0 else "pynative"
+        schedule, stages, pp_group = self.schedule, self.stages, self.pp_group
+
+        def grads_of(ids, labels):
+            loss = schedule.run(ids if first else None, labels if last else None, mode=mode)
+            grads = tuple(g for st in stages for g in st.grads)
+            loss = loss if loss is not None else ms.ops.zeros((), ms.float32)
+            return comm.all_reduce(loss, "sum", pp_group), grads
+        return grads_of
+
+    def _accumulating_step(self, ids, labels):
+        """``gradient_accumulation_steps`` micro-steps (or schedule runs), gradients summed, then one
+        update with their mean: the same step as one batch of all their rows."""
+        k = self.accumulate
+        rows = ids.shape[0] // k
+        total, summed = 0.0, None
+        for i in range(k):
+            loss, grads = self.grads_of(ids[i * rows:(i + 1) * rows], labels[i * rows:(i + 1) * rows])
+            total = total + loss
+            summed = grads if summed is None else tuple(a + g for a, g in zip(summed, grads))
+        norm = self.update_fn(summed)
+        return total / k, norm
 
     # ------------------------------------------------------------------ checkpoints
     def _callback(self, kind: str) -> Optional[Config]:
@@ -404,7 +570,7 @@ class Trainer:
         opt = {"adam_m": {p.name: m.asnumpy() for p, m in zip(self.params, self.optimizer.moment1)},
                "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
         trainer_state = {"step": step, "seed": int(self.cfg.seed), "data_parallel": self.dp,
-                         "model_parallel": self.tp, "global_batch": self.global_batch,
+                         "model_parallel": self.tp, "pipeline_stage": self.pp, "global_batch": self.global_batch,
                          "next_lr": self.lr.at(step), "tokenizer_file": os.path.abspath(self.tokenizer.vocab_file)}
         path = save_checkpoint(self.checkpoint_dir, step, {p.name: p.asnumpy() for p in self.params},
                                {p.name: p.mfc_layout for p in self.params}, optimizer_state=opt,
@@ -473,7 +639,7 @@ class Trainer:
         if not saved:
             raise ConfigError([f"{where}: the checkpoint has no data state; load weights only "
                                "(resume_training: False)"])
-        dp_rank = self.rank // self.tp
+        dp_rank = self.topology.dp_rank
         same = [s for s in saved if s.get("dp_size") == self.dp and s.get("dp_rank") == dp_rank]
         if same:
             self.data.load_state_dict(same[0])
@@ -545,10 +711,14 @@ class Trainer:
         every = int(ckpt.get("save_checkpoint_steps", 0) or 0) if ckpt is not None else 0
         monitor = self._callback("MFLossMonitor")
         print_every = int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1
-        n_params = sum(int(np.prod(p.mfc_global_shape)) for p in self.params)
+        n_params = sum(int(np.prod(p.mfc_global_shape)) for p in self.params)   # this pipeline rank's stages
         seq = int(cfg.model.model_config.seq_length)
+        pipe = (f" pp={self.pp} ({self.cfg.parallel.pipeline_config.pipeline_scheduler}, "
+                f"{self.topology.stage_num} stages, {self.micro_batch_num} microbatches)") if self.pp > 1 else ""
+        accumulate = f", {self.accumulate} accumulation steps" if self.accumulate > 1 else ""
         _log(self.rank, f"llama: {n_params / 1e6:.2f}M parameters, dp={self.dp} tp={self.tp} "
-                        f"sp={self.model_config.sequence_parallel}, mode={'jit' if self.mode == 0 else 'pynative'}, "
+                        f"sp={self.model_config.sequence_parallel}{pipe}{accumulate}, "
+                        f"mode={'jit' if self.mode == 0 else 'pynative'}, "
                         f"steps {start + 1}..{self.total_steps} of {self.global_batch}x{seq} tokens, "
                         f"output in {self.output_dir}")
         log_path = self._open_log(start)

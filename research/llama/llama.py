@@ -8,7 +8,7 @@ Parallelism is applied from outside by the sharding pass, from the parallel size
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from mindformers_core.transformer import GPTModel, TransformerConfig, TransformerLayer
 
@@ -103,6 +103,7 @@ class LlamaForCausalLM(GPTModel):
     """``construct(input_ids, labels=None)`` -> loss (labels given) or logits (b, s, vocab)."""
 
     def __init__(self, config: LlamaConfig, pre_process: Optional[bool] = None, post_process: Optional[bool] = None,
-                 pp_rank: int = 0, vp_stage: Optional[int] = None):
-        layers_per_stage = config.layers_per_stage() if isinstance(config, LlamaConfig) else None
+                 pp_rank: int = 0, vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None):
+        if layers_per_stage is None and isinstance(config, LlamaConfig):
+            layers_per_stage = config.layers_per_stage()   # MindFormers' offset
         super().__init__(config, pre_process, post_process, TransformerLayer, pp_rank, vp_stage, layers_per_stage)
