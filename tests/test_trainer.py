@@ -150,6 +150,31 @@ def test_accumulation_and_recompute_keep_the_losses(tiny, uninterrupted, tmp_pat
         assert abs(g["grad_norm"] - w["grad_norm"]) <= 1e-4 * abs(w["grad_norm"]), (got, want)
 
 
+def test_mindrecord_data_gives_the_text_runs_losses(tiny, uninterrupted, tmp_path, capsys):
+    """scripts/preprocess_mindrecord.py writes the packed windows; read back through MindDataset they
+    come in the same order as the text pipeline's, so the losses are the text run's; a file written
+    for another seq_length is refused naming the key."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("preprocess", os.path.join(ROOT, "scripts",
+                                                                             "preprocess_mindrecord.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    data = tmp_path / "mindrecord"
+    for seq in (32, 16):
+        script.main(["--input", tiny["corpus"], "--tokenizer", tiny["tokenizer"], "--seq_length", str(seq),
+                     "--output", str(data / f"s{seq}" / "corpus.mindrecord")])
+    assert sorted(n for n in os.listdir(data / "s32") if not n.startswith(".")) == [
+        "corpus.mindrecord", "corpus.mindrecord.db"]        # no temporary directory left (.token_cache is reused)
+    out = tmp_path / "out"
+    common = ["--train_dataset.type", "mindrecord", "--runner_config.max_steps", 2, "--callbacks", "[]"]
+    assert run_mindformer.main(args(tiny, out, "--train_dataset.dataset_dir", data / "s32", *common)) == 0
+    got, want = records(out), records(uninterrupted)[:2]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-6)
+    capsys.readouterr()
+    assert run_mindformer.main(args(tiny, tmp_path / "bad", "--train_dataset.dataset_dir", data / "s16", *common)) == 2
+    assert "rows hold [17] tokens, but seq_length=32 needs 33" in capsys.readouterr().err
+
+
 def test_predict_is_greedy_deterministic_and_matches_the_logits(tiny, uninterrupted, tmp_path, capsys):
     """run_mode predict prints prompt + greedy continuation; the tokenizer comes from the checkpoint;
     the first new token is the argmax of an unparallelized model's logits for the loaded weights."""

@@ -96,37 +96,18 @@ def tokenize_to_cache(data_files, tokenizer, cache_dir, text_key="text"):
     return path
 
 
-class PackedDataset:
-    """Iterable source of packed ``(input_ids, labels)`` int32 samples for one data-parallel rank.
+class SampleOrder:
+    """Which global samples a data-parallel rank reads, in which order, and where it stands.
 
-    Usable directly (``for ids, labels in ds``) or as the source of ``mindspore.dataset.GeneratorDataset``
-    (see :func:`create_dataset`). One ``iter()`` runs to the end of the current epoch, starting at the
-    current position, so after a resume the first epoch is the remainder of the interrupted one.
+    Subclasses set ``num_samples`` and implement ``sample(index)``; this class gives the epoch
+    permutation from ``(seed, epoch)``, the rank's strided share, iteration from the current
+    position and the resumable ``state_dict`` (see the module docstring)."""
 
-    ``drop_remainder=True`` (default) gives every rank ``num_samples // dp_size`` samples per epoch, so all
-    ranks run the same number of steps; up to ``dp_size - 1`` samples (a different few each epoch) are
-    skipped. With ``False`` the ranks cover every sample but may differ in length by one.
-    """
-
-    def __init__(self, data_files, tokenizer, seq_length, cache_dir=None, text_key="text", seed=0,
-                 shuffle=True, dp_rank=0, dp_size=1, drop_remainder=True):
-        files = check_files(data_files, "data_files")
-        if not isinstance(tokenizer, LlamaTokenizer):
-            tokenizer = LlamaTokenizer(tokenizer)
-        if seq_length < 1:
-            raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    def _init_order(self, num_samples, seq_length, seed, shuffle, dp_rank, dp_size, drop_remainder):
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise ValueError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank}, dp_size={dp_size}")
-        cache_dir = cache_dir or os.path.join(os.path.dirname(os.path.abspath(files[0])), ".token_cache")
-        self.cache_path = tokenize_to_cache(files, tokenizer, cache_dir, text_key)
-        self.seq_length, self.seed, self.shuffle = seq_length, seed, shuffle
+        self.num_samples, self.seq_length, self.seed, self.shuffle = num_samples, seq_length, seed, shuffle
         self.dp_rank, self.dp_size, self.drop_remainder = dp_rank, dp_size, drop_remainder
-        self._tokens = None
-        num_tokens = len(self.tokens)
-        self.num_samples = max(num_tokens - 1, 0) // seq_length
-        if self.num_samples == 0:
-            raise ValueError(f"seq_length={seq_length} too large: a sample needs seq_length+1="
-                             f"{seq_length + 1} tokens but {files} give only {num_tokens}")
         if drop_remainder:
             self.samples_per_epoch = self.num_samples // dp_size
         else:
@@ -136,15 +117,8 @@ class PackedDataset:
                              f"seq_length={seq_length}")
         self.consumed_samples = 0
 
-    @property
-    def tokens(self):
-        """The token stream, memory-mapped lazily (so copies of this object, e.g. in workers, stay cheap)."""
-        if self._tokens is None:
-            self._tokens = np.load(self.cache_path, mmap_mode="r")
-        return self._tokens
-
-    def __getstate__(self):
-        return {**self.__dict__, "_tokens": None}
+    def sample(self, index):
+        raise NotImplementedError(f"{type(self).__name__} must implement sample(index) -> (input_ids, labels)")
 
     def epoch_indices(self, epoch):
         """Global sample indices this rank reads in ``epoch``, in order."""
@@ -152,12 +126,6 @@ class PackedDataset:
         if self.shuffle:
             order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
         return order[self.dp_rank::self.dp_size][:self.samples_per_epoch]
-
-    def sample(self, index):
-        """Packed sample ``index`` (global): ``input_ids`` and ``labels``, both of length ``seq_length``."""
-        start = index * self.seq_length
-        window = np.asarray(self.tokens[start:start + self.seq_length + 1], dtype=np.int32)
-        return window[:-1], window[1:]
 
     def __iter__(self):
         epoch, pos = divmod(self.consumed_samples, self.samples_per_epoch)
@@ -180,6 +148,54 @@ class PackedDataset:
                 raise ValueError(f"data state mismatch: {key}={state.get(key)!r} in state, "
                                  f"{getattr(self, key)!r} in this dataset")
         self.consumed_samples = int(state["consumed_samples"])
+
+
+class PackedDataset(SampleOrder):
+    """Iterable source of packed ``(input_ids, labels)`` int32 samples for one data-parallel rank.
+
+    Usable directly (``for ids, labels in ds``) or as the source of ``mindspore.dataset.GeneratorDataset``
+    (see :func:`create_dataset`). One ``iter()`` runs to the end of the current epoch, starting at the
+    current position, so after a resume the first epoch is the remainder of the interrupted one.
+
+    ``drop_remainder=True`` (default) gives every rank ``num_samples // dp_size`` samples per epoch, so all
+    ranks run the same number of steps; up to ``dp_size - 1`` samples (a different few each epoch) are
+    skipped. With ``False`` the ranks cover every sample but may differ in length by one.
+    """
+
+    def __init__(self, data_files, tokenizer, seq_length, cache_dir=None, text_key="text", seed=0,
+                 shuffle=True, dp_rank=0, dp_size=1, drop_remainder=True):
+        files = check_files(data_files, "data_files")
+        if not isinstance(tokenizer, LlamaTokenizer):
+            tokenizer = LlamaTokenizer(tokenizer)
+        if seq_length < 1:
+            raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+        if dp_size < 1 or not 0 <= dp_rank < dp_size:
+            raise ValueError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank}, dp_size={dp_size}")
+        cache_dir = cache_dir or os.path.join(os.path.dirname(os.path.abspath(files[0])), ".token_cache")
+        self.cache_path = tokenize_to_cache(files, tokenizer, cache_dir, text_key)
+        self._tokens = None
+        num_tokens = len(self.tokens)
+        num_samples = max(num_tokens - 1, 0) // seq_length
+        if num_samples == 0:
+            raise ValueError(f"seq_length={seq_length} too large: a sample needs seq_length+1="
+                             f"{seq_length + 1} tokens but {files} give only {num_tokens}")
+        self._init_order(num_samples, seq_length, seed, shuffle, dp_rank, dp_size, drop_remainder)
+
+    @property
+    def tokens(self):
+        """The token stream, memory-mapped lazily (so copies of this object, e.g. in workers, stay cheap)."""
+        if self._tokens is None:
+            self._tokens = np.load(self.cache_path, mmap_mode="r")
+        return self._tokens
+
+    def __getstate__(self):
+        return {**self.__dict__, "_tokens": None}
+
+    def sample(self, index):
+        """Packed sample ``index`` (global): ``input_ids`` and ``labels``, both of length ``seq_length``."""
+        start = index * self.seq_length
+        window = np.asarray(self.tokens[start:start + self.seq_length + 1], dtype=np.int32)
+        return window[:-1], window[1:]
 
 
 def create_dataset(source, batch_size, drop_remainder=True):

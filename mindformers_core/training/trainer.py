@@ -157,9 +157,6 @@ class Trainer:
                           "(research/llama)")
         if cfg.optimizer.type != "AdamW":
             errors.append(f"optimizer.type = {cfg.optimizer.type!r}: only AdamW is wired into this trainer")
-        if cfg.train_dataset.type == "mindrecord":
-            errors.append("train_dataset.type = 'mindrecord': not supported by this trainer; use text (one "
-                          "document per line) or jsonl ({\"text\": ...} per line)")
         max_steps = int(rc.max_steps)
         if max_steps == 0 or max_steps < -1:
             errors.append(f"runner_config.max_steps = {max_steps}: must be -1 (the epochs decide) or >= 1")
@@ -184,7 +181,9 @@ class Trainer:
         self.checkpoint_source = self._checkpoint_source(errors)
         if not self.predicting:
             try:
-                if cfg.train_dataset.dataset_dir:
+                if cfg.train_dataset.type == "mindrecord":
+                    self.files = self._mindrecord_files(errors)
+                elif cfg.train_dataset.dataset_dir:
                     self.files = data_files(os.path.abspath(cfg.train_dataset.dataset_dir), cfg.train_dataset.type)
                 elif cfg.train_dataset.type != "text":
                     errors.append(f"train_dataset.type = {cfg.train_dataset.type!r}: the built-in corpus "
@@ -200,6 +199,23 @@ class Trainer:
                                  "use mindformers_core.hsdp as a library")
         if errors:
             raise ConfigError(errors)
+
+    def _mindrecord_files(self, errors: List[str]) -> List[str]:
+        """MindRecord data: a .mindrecord file or a directory of them, and the tokenizer it was made with."""
+        ds = self.cfg.train_dataset
+        if not ds.dataset_dir:
+            errors.append("train_dataset.type = 'mindrecord': needs train_dataset.dataset_dir (a .mindrecord file "
+                          "or a directory of them, written by scripts/preprocess_mindrecord.py)")
+            return []
+        if not ds.tokenizer_file:
+            errors.append("train_dataset.type = 'mindrecord': needs train_dataset.tokenizer_file, the tokenizer the "
+                          "MindRecord data was written with (token ids mean nothing without it)")
+        from ..data.mindrecord import mindrecord_files
+        try:
+            return mindrecord_files(os.path.abspath(ds.dataset_dir))
+        except FileNotFoundError as e:
+            errors.append(f"train_dataset.dataset_dir = {ds.dataset_dir!r}: {e}")
+            return []
 
     def _pipeline_errors(self) -> List[str]:
         """Pipeline settings the schema cannot judge alone: build this job's schedule from stage
@@ -362,14 +378,21 @@ class Trainer:
         if self.tokenizer.vocab_size != int(mc.vocab_size):
             raise ConfigError([f"model.model_config.vocab_size = {mc.vocab_size}: must equal the tokenizer's "
                                f"vocabulary, {self.tokenizer.vocab_size} pieces in {tok}"])
-        cache = os.path.join(self.output_dir, "token_cache")
-        if self.rank == 0:                       # tokenize once; the others wait for the cache file
-            tokenize_to_cache(files, self.tokenizer, cache, "text")
+        order = dict(seed=int(cfg.seed), shuffle=bool(ds.shuffle), dp_rank=self.topology.dp_rank, dp_size=self.dp)
+        if ds.type == "mindrecord":
+            from ..data.mindrecord import MindRecordDataset
+            try:
+                self.data = MindRecordDataset(os.path.abspath(ds.dataset_dir), int(mc.seq_length), **order)
+            except ValueError as e:
+                raise ConfigError([f"train_dataset.dataset_dir = {ds.dataset_dir!r}: {e}"]) from None
         else:
-            from ..data.dataset import _cache_key   # same name rank 0 writes (content hash)
-            _wait_for(os.path.join(cache, f"tokens-{_cache_key(files, self.tokenizer, 'text')}.npy"))
-        self.data = PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache, seed=int(cfg.seed),
-                                  shuffle=bool(ds.shuffle), dp_rank=self.topology.dp_rank, dp_size=self.dp)
+            cache = os.path.join(self.output_dir, "token_cache")
+            if self.rank == 0:                       # tokenize once; the others wait for the cache file
+                tokenize_to_cache(files, self.tokenizer, cache, "text")
+            else:
+                from ..data.dataset import _cache_key   # same name rank 0 writes (content hash)
+                _wait_for(os.path.join(cache, f"tokens-{_cache_key(files, self.tokenizer, 'text')}.npy"))
+            self.data = PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache, **order)
         # MindFormers' batch: batch_size rows per microbatch; a step takes micro_batch_num
         # microbatches (pipeline) times gradient_accumulation_steps micro-steps per data-parallel rank
         self.micro_batch = int(cfg.runner_config.batch_size)
