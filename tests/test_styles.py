@@ -72,3 +72,19 @@ def test_noparallel_and_prepare_input():
     assert decl.inputs[0].describe() == "(dp, None)"
     decl = SequenceParallel().declare(dense, "d", mesh)
     assert decl.outputs[0].describe() == "(dp, tp, None)"
+
+
+def test_dense_runs_with_its_local_shards_after_the_trace():
+    """The trace runs nn.Dense's BiasAdd on the full bias; PyNative caches that shape by tensor id,
+    and set_data(slice_shape=True) keeps the id. After sharding, BiasAdd must see the shard."""
+    from mindspore import Tensor, ops
+    from mindformers_core.sharding.parallelize import _shard_parameters
+    model, shape = MODELS["plain"]()
+    up = model.model.up
+    w, b = up.weight.asnumpy().copy(), up.bias.asnumpy().copy()
+    plan = plan_sharding(model, {"dp": 1, "tp": 2}, np.zeros(shape, np.float32),
+                         plan={f"model.{k}": v for k, v in plain_plan().items()})
+    _shard_parameters(model, plan, rank=1)
+    assert tuple(up.bias.shape) == (32,) and tuple(ops.zeros_like(up.bias).shape) == (32,)
+    x = np.random.RandomState(3).standard_normal((2, 16)).astype(np.float32)
+    np.testing.assert_allclose(up(Tensor(x)).asnumpy(), (x @ w.T + b)[:, 32:], rtol=1e-5, atol=1e-6)
