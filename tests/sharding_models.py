@@ -171,6 +171,9 @@ class PlainAttentionMLP(nn.Cell):
         self.down = nn.Dense(4 * h, h, has_bias=False)
         for i, d in enumerate((self.q, self.k, self.v, self.o, self.up, self.down)):
             d.weight.set_data(_init(tuple(d.weight.shape), 40 + i))
+        # nn.Dense draws its bias from MindSpore's global RNG: set it, or the reference model, the
+        # parallelized copy and every rank each get a different bias
+        self.up.bias.set_data(_init(tuple(self.up.bias.shape), 50))
         self.mask = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1).reshape(1, 1, seq, seq))
         self.scale = 1.0 / np.sqrt(self.head_dim)
 
