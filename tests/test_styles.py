@@ -87,4 +87,26 @@ def test_dense_runs_with_its_local_shards_after_the_trace():
     _shard_parameters(model, plan, rank=1)
     assert tuple(up.bias.shape) == (32,) and tuple(ops.zeros_like(up.bias).shape) == (32,)
     x = np.random.RandomState(3).standard_normal((2, 16)).astype(np.float32)
-    np.testing.assert_allclose(up(Tensor(x)).asnumpy(), (x @ w.T + b)[:, 32:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(up(Tensor(x)).asnumpy(), np.maximum(x @ w.T + b, 0)[:, 32:], rtol=1e-5, atol=1e-6)
+
+
+class DenseTanh(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Dense(16, 32, has_bias=False)
+        self.down = nn.Dense(32, 16, has_bias=False, activation="tanh")
+
+    def construct(self, x):
+        return self.down(self.up(x))
+
+
+def test_dense_activation_never_runs_on_partial_sums():
+    """nn.Dense(activation=...) applies it inside the atomic Cell: a row-split weight would give
+    tanh(partial) summed afterwards. The style refuses it; a derived plan gathers the input."""
+    sample = np.zeros((4, 8, 16), np.float32)
+    with pytest.raises(PlanError, match="RowWiseParallel on an nn.Dense with activation"):
+        plan_sharding(DenseTanh(), {"dp": 1, "tp": 2}, sample, plan={"up": ColWiseParallel(), "down": RowWiseParallel()})
+    plan = plan_sharding(DenseTanh(), {"dp": 1, "tp": 2}, sample, plan={"up": ColWiseParallel()})
+    assert plan.param_layouts["down.weight"].describe() == "(None, None)"
+    assert [s.kind for r in plan.redistributions for s in r.forward.steps] == ["all_gather"]
+    assert not any(l.partial for l in plan.layouts.values())
