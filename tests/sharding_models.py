@@ -167,10 +167,13 @@ class PlainAttentionMLP(nn.Cell):
         self.v = nn.Dense(h, h, has_bias=False)
         self.o = nn.Dense(h, h, has_bias=False)
         self.norm = RMSNorm(h)
-        self.up = nn.Dense(h, 4 * h, has_bias=True)
+        self.up = nn.Dense(h, 4 * h, has_bias=True, activation="relu")   # activation inside the Cell
         self.down = nn.Dense(4 * h, h, has_bias=False)
         for i, d in enumerate((self.q, self.k, self.v, self.o, self.up, self.down)):
             d.weight.set_data(_init(tuple(d.weight.shape), 40 + i))
+        # nn.Dense draws its bias from MindSpore's global RNG: set it, or the reference model, the
+        # parallelized copy and every rank each get a different bias
+        self.up.bias.set_data(_init(tuple(self.up.bias.shape), 50))
         self.mask = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1).reshape(1, 1, seq, seq))
         self.scale = 1.0 / np.sqrt(self.head_dim)
 
@@ -182,7 +185,7 @@ class PlainAttentionMLP(nn.Cell):
         v = ops.transpose(v.reshape(b, s, -1, self.head_dim), (0, 2, 1, 3))
         p = ops.softmax(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.scale + self.mask, axis=-1)
         x = x + self.o(ops.transpose(ops.matmul(p, v), (0, 2, 1, 3)).reshape(b, s, -1))
-        return x + self.down(ops.relu(self.up(self.norm(x))))
+        return x + self.down(self.up(self.norm(x)))
 
 
 def plain_plan(sequence_parallel=False):

@@ -1,5 +1,6 @@
-"""Propagation parity under msrun: models parallelized only by ``shard()`` declarations give the
-single-process loss and gradients (relative 1e-5), in PyNative and under ms.jit."""
+"""Propagation parity under msrun: models parallelized only by ``shard()`` declarations (and a
+model without any, parallelized by a plan of styles: "plain", "plain_sp") give the single-process
+loss and gradients (relative 1e-5), in PyNative and under ms.jit."""
 import pytest
 
 from mindformers_core.testing import run_msrun
@@ -20,13 +21,14 @@ def _check(results, models):
 
 
 def test_tp2_mlp_attention_block_and_sp():
-    # "plain" / "plain_sp" (nn.Dense parallelized by styles) are not here yet: under msrun nn.Dense's
-    # BiasAdd kept the pre-shard bias shape after set_data(slice_shape=True) (see the issue notes)
-    models = ["mlp", "attention", "block", "sp_mlp", "block_sp"]
+    # "plain" / "plain_sp": nn.Dense layers without shard(), parallelized by a plan of styles
+    # (ColWise/RowWise, and SequenceParallel with reduce-scatter outputs)
+    models = ["mlp", "attention", "block", "sp_mlp", "block_sp", "plain", "plain_sp"]
     results = run_msrun("tests.bodies.sharding_body:run", 2, timeout=400,
                         kwargs={"models": models, "dp": 1, "tp": 2})
     _check(results, models)
     assert results[0]["sp_mlp"]["redistributions"] >= 3
+    assert results[0]["plain_sp"]["redistributions"] > results[0]["plain"]["redistributions"]
 
 
 def test_dp2_tp2_block_on_4_ranks():

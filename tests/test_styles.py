@@ -72,3 +72,41 @@ def test_noparallel_and_prepare_input():
     assert decl.inputs[0].describe() == "(dp, None)"
     decl = SequenceParallel().declare(dense, "d", mesh)
     assert decl.outputs[0].describe() == "(dp, tp, None)"
+
+
+def test_dense_runs_with_its_local_shards_after_the_trace():
+    """The trace runs nn.Dense's BiasAdd on the full bias; PyNative caches that shape by tensor id,
+    and set_data(slice_shape=True) keeps the id. After sharding, BiasAdd must see the shard."""
+    from mindspore import Tensor, ops
+    from mindformers_core.sharding.parallelize import _shard_parameters
+    model, shape = MODELS["plain"]()
+    up = model.model.up
+    w, b = up.weight.asnumpy().copy(), up.bias.asnumpy().copy()
+    plan = plan_sharding(model, {"dp": 1, "tp": 2}, np.zeros(shape, np.float32),
+                         plan={f"model.{k}": v for k, v in plain_plan().items()})
+    _shard_parameters(model, plan, rank=1)
+    assert tuple(up.bias.shape) == (32,) and tuple(ops.zeros_like(up.bias).shape) == (32,)
+    x = np.random.RandomState(3).standard_normal((2, 16)).astype(np.float32)
+    np.testing.assert_allclose(up(Tensor(x)).asnumpy(), np.maximum(x @ w.T + b, 0)[:, 32:], rtol=1e-5, atol=1e-6)
+
+
+class DenseTanh(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Dense(16, 32, has_bias=False)
+        self.down = nn.Dense(32, 16, has_bias=False, activation="tanh")
+
+    def construct(self, x):
+        return self.down(self.up(x))
+
+
+def test_dense_activation_never_runs_on_partial_sums():
+    """nn.Dense(activation=...) applies it inside the atomic Cell: a row-split weight would give
+    tanh(partial) summed afterwards. The style refuses it; a derived plan gathers the input."""
+    sample = np.zeros((4, 8, 16), np.float32)
+    with pytest.raises(PlanError, match="RowWiseParallel on an nn.Dense with activation"):
+        plan_sharding(DenseTanh(), {"dp": 1, "tp": 2}, sample, plan={"up": ColWiseParallel(), "down": RowWiseParallel()})
+    plan = plan_sharding(DenseTanh(), {"dp": 1, "tp": 2}, sample, plan={"up": ColWiseParallel()})
+    assert plan.param_layouts["down.weight"].describe() == "(None, None)"
+    assert [s.kind for r in plan.redistributions for s in r.forward.steps] == ["all_gather"]
+    assert not any(l.partial for l in plan.layouts.values())

@@ -89,7 +89,8 @@ def parallelize(model: nn.Cell, config=None, *sample_inputs, mesh=None, rank: Op
                 plan: Optional[Mapping] = None, input_layouts: Optional[Sequence] = None,
                 output_layouts: Optional[Sequence] = None, sharding_plan: Optional[ShardingPlan] = None) -> nn.Cell:
     """Shard ``model`` in place for this rank and return it (``model.mfc_sharding_plan`` holds the
-    plan). Call it on every rank with the same model, config and sample shapes. ``plan``: styles by
+    plan). Call it on every rank with the same model (the same initial weights: each rank keeps
+    its slice of the full weights it holds, so seed or load them), config and sample shapes. ``plan``: styles by
     Cell-name pattern for models without ``shard()`` (see ``styles.py``); ``sharding_plan``: a plan
     made earlier by :func:`plan_sharding`. The model then
     takes this rank's local input shards (``plan.input_layouts``) and returns local output shards
@@ -149,8 +150,26 @@ def _check_executable(plan: ShardingPlan) -> None:
                                 f"redistributions; one Cell object can carry one set — use separate Cells")
 
 
+def forget_cached_shapes() -> None:
+    """Drop PyNative's cached abstracts after Parameters changed shape in place.
+
+    PyNative caches the abstract (shape, dtype) of every tensor that enters a primitive run
+    through the infer path (e.g. ``BiasAdd``, ``ZerosLike``; not the pyboost kernels such as
+    ``MatMul``), keyed by the tensor's id. ``Parameter.set_data(..., slice_shape=True)`` keeps that
+    id, so an op run after the shrink sees the pre-shard shape: ``nn.Dense``'s ``BiasAdd`` failed
+    with "bias[0] shape should be equal to input_x[1]" and ``ops.zeros_like(param)`` returned the
+    full shape (measured, MindSpore 2.10.0, one process as well as msrun). The trace runs the
+    model on full weights, so every parallelized model has such entries. ``clear_res`` is the only
+    exposed way to clear that cache; it also drops PyNative's compiled single-op kernels (rebuilt
+    on next use). Measured: tensor hooks (``register_hook``) and ``ms.jit`` graphs compiled before
+    it keep working. Call it only between steps, never while a forward or backward is recorded."""
+    from mindspore.graph.api import _pynative_executor
+    _pynative_executor.clear_res()
+
+
 def _shard_parameters(model: nn.Cell, plan: ShardingPlan, rank: int) -> None:
     params = {p.name: p for p in model.get_parameters()}
+    resized = False
     for name, layout in plan.param_layouts.items():
         p = params[name]
         shape = tuple(int(d) for d in p.shape)
@@ -160,6 +179,9 @@ def _shard_parameters(model: nn.Cell, plan: ShardingPlan, rank: int) -> None:
         if layout.sharded_axes():
             local = p.asnumpy()[layout.local_slice(shape, rank)]
             p.set_data(Tensor(np.ascontiguousarray(local)), slice_shape=True)
+            resized = True
+    if resized:
+        forget_cached_shapes()
 
 
 def _shard_constants(plan: ShardingPlan, rank: int) -> None:

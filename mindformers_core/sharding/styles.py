@@ -76,6 +76,10 @@ class RowWiseParallel(ParallelStyle):
         if getattr(cell, "bias", None) is not None:
             raise PlanError(f"{path}: RowWiseParallel on a linear with a bias is not supported (the bias would be "
                             f"added once per partial sum); build it without bias or use NoParallel()")
+        if getattr(cell, "activation_flag", False):
+            raise PlanError(f"{path}: RowWiseParallel on an nn.Dense with activation={cell.activation!r} is not "
+                            f"supported (the activation would run on partial sums before their reduction); "
+                            f"build it without activation and apply it after the Cell")
         if self.output not in ("replicate", "sequence"):
             raise PlanError(f"{path}: RowWiseParallel(output={self.output!r}); valid: 'replicate', 'sequence'")
         dims = ("None", self.axis) if out_first else (self.axis, "None")

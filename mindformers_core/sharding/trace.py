@@ -263,9 +263,17 @@ TRACED_OPS: List[Tuple[Any, str, Callable]] = [
 ]
 
 
-# MindSpore's own Cells treated as atomic ops: class -> (rule, parameter attributes, rule attrs).
+def _dense_activation(cell) -> Optional[str]:
+    """``nn.Dense(activation=...)`` applies it inside the Cell, after the bias: the rule must know,
+    since an activation of partial sums is not the activation of their sum."""
+    act = getattr(cell, "activation", None) if getattr(cell, "activation_flag", False) else None
+    return None if act is None else type(act).__name__
+
+
+# MindSpore's own Cells treated as atomic ops: class -> (rule, parameter attributes, rule attrs);
+# an attribute given as a function is computed from the Cell.
 ATOMIC_CELLS: Dict[type, Tuple[str, Tuple[str, ...], Dict[str, Any]]] = {
-    nn.Dense: ("linear", ("weight", "bias"), {"transpose_b": True}),
+    nn.Dense: ("linear", ("weight", "bias"), {"transpose_b": True, "activation": _dense_activation}),
     nn.ReLU: ("relu", (), {}),
     nn.GELU: ("gelu", (), {}),
     nn.SiLU: ("silu", (), {}),
@@ -282,7 +290,7 @@ def atomic_spec(cell) -> Optional[Tuple[str, Tuple[str, ...], Dict[str, Any]]]:
     for klass in type(cell).__mro__:
         if klass in ATOMIC_CELLS:
             rule, params, attrs = ATOMIC_CELLS[klass]
-            return rule, params, dict(attrs)
+            return rule, params, {k: v(cell) if callable(v) else v for k, v in attrs.items()}
     return None
 
 

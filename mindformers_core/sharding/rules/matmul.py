@@ -57,11 +57,20 @@ def matmul(layouts, shapes, *, transpose_a=False, transpose_b=False):
 
 
 @register_rule("linear", "dense")
-def linear(layouts, shapes, *, transpose_b=True):
+def linear(layouts, shapes, *, transpose_b=True, activation=None):
     """``x @ weight.T + bias`` with weight ``(out, in)`` (``transpose_b=False``: weight ``(in, out)``).
     The bias follows the product's layout; added to a partial-sum product it is fed as a partial
-    too (one rank adds it, no communication); a partial average needs nothing (see ``additive``)."""
+    too (one rank adds it, no communication); a partial average needs nothing (see ``additive``).
+    ``activation`` (``nn.Dense(activation=...)``, applied inside the op): the output must not be
+    partial, so neither input may split the contracted dim or arrive partial — they are required
+    whole along it (an all-gather / all-reduce before the op) instead."""
     expect_inputs(layouts, 2, 3)
+    if activation is not None:
+        layouts = list(layouts)
+        for i, k in ((0, len(shapes[0]) - 1), (1, len(shapes[1]) - (1 if transpose_b else 2))):
+            if layouts[i] is not None:
+                l = layouts[i]
+                layouts[i] = make_layout(l, [() if d == k else l.dims[d] for d in range(len(l.dims))])
     mm = matmul(layouts[:2], shapes[:2], transpose_b=transpose_b)
     if len(layouts) == 2:
         return mm
