@@ -14,6 +14,16 @@ only stage inputs are held between forward and backward. (``ms.vjp`` closures wo
 recompute in PyNative, but MindSpore 2.10 rejects several outstanding ones: "Can not find top
 cell for backward".) Split backward (BWD_INPUT / BWD_WEIGHT) uses separate input- and
 weight-gradient functions.
+
+Random operators (dropout): a forward step snapshots the random state (MindSpore's per-kernel seed
+table and default generator, ``recompute.rng_snapshot``) with the stage input; the backward step
+restores it for its recomputed forward, then restores the state the run had reached, so the
+gradients are those of the masks that produced the loss and the random stream goes on as if the
+backward drew nothing. In PyNative that replays every microbatch's masks, in any order. Under
+``mode="jit"`` an ``ops.dropout``'s seeds are compile-time constants and its mask follows its
+compiled kernel's launch count: the restored table makes the backward graph compile with the
+forward graph's seeds, and a stage whose backwards run the microbatches in forward order (every
+built-in schedule) then draws the same masks; the runtime warns about an order that does not.
 """
 from __future__ import annotations
 
@@ -21,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -29,6 +40,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from ..distributed import comm
 from ..distributed.env import get_env
+from ..recompute.units import rng_restore, rng_snapshot
 from .meta_step import MetaStep, MetaStepType as T
 from .microbatch import MicrobatchConfig
 
@@ -145,6 +157,31 @@ class PipelineStage:
         return out
 
 
+def _jit_replay_mismatches(order: Sequence[MetaStep]) -> List[str]:
+    """Stages whose backward steps of one kind do not run the microbatches in forward order."""
+    out = []
+    for s in sorted({step.stage_index for step in order}):
+        fwd = [st.micro_index for st in order if st.stage_index == s and st.type is T.FWD]
+        for kind in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
+            bwd = [st.micro_index for st in order if st.stage_index == s and st.type is kind]
+            if bwd and bwd != fwd:
+                out.append(f"stage {s}: {kind.name} microbatches {bwd} vs FWD {fwd}")
+    return out
+
+
+def _warn_if_jit_cannot_replay(order: Sequence[MetaStep]) -> None:
+    """Under jit a random operator's seeds are compile-time constants and its mask follows the
+    compiled kernel's launch count, so a stage's backward replays the forward's masks only when
+    it runs the microbatches in forward order (every built-in schedule does)."""
+    bad = _jit_replay_mismatches(order)
+    if bad:
+        warnings.warn("PipelineRuntime(mode='jit'): this order runs backward steps in another microbatch order "
+                      f"than the forwards ({'; '.join(bad)}); under jit a random operator (ops.dropout) draws its "
+                      "mask from its compiled kernel's launch count, so the backward would not see the forward's "
+                      "dropout masks. Keep each stage's backwards in forward order, or use mode='pynative' "
+                      "(which replays the random state of each forward exactly).", RuntimeWarning, stacklevel=3)
+
+
 class PipelineRuntime:
     """Runs one training step of a schedule on this rank's stages."""
 
@@ -157,6 +194,8 @@ class PipelineRuntime:
                 raise TypeError(f"PipelineRuntime: stage {st!r} is not a PipelineStage (a schedule built "
                                 "from StageInfo can be validated and simulated, not run)")
         self.schedule, self.mode, self.stages = schedule, mode, stages
+        if mode == "jit":
+            _warn_if_jit_cannot_replay(schedule.local_order)
         pp_ranks = next(iter(stages.values())).pp_ranks
         self.pp_ranks = pp_ranks if pp_ranks is not None else list(range(get_env().world_size))
         if len(self.pp_ranks) != schedule.pp_size:
@@ -270,7 +309,7 @@ class PipelineRuntime:
             args = tuple(x) if isinstance(x, (tuple, list)) else (x,)  # first stage: several inputs
             if stage.is_last:
                 args = args + (ys[mb],)
-            saved[(mb, s)] = args
+            saved[(mb, s)] = (args, rng_snapshot())   # the backward replays this random state
             out = stage.compiled("forward", self.mode, m)(*args)
             if stage.is_last:
                 losses.append(out)
@@ -310,17 +349,22 @@ class PipelineRuntime:
 
     def _backward(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
         mb, s, t = step.micro_index, step.stage_index, step.type
-        args = saved[(mb, s)]
+        args, rng_state = saved[(mb, s)]
         sens = self._sens(step, stage, acts, grads)
-        if t is T.BWD:
-            input_grads, weight_grads = stage.compiled("backward", self.mode, m)(*args, sens)
-            grads[(mb, s)] = input_grads[0]
-            self._accumulate(stage, weight_grads)
-            saved.pop((mb, s), None)
-        elif t is T.BWD_INPUT:
-            grads[(mb, s)] = stage.compiled("input_grad", self.mode, m)(*args, sens)[0]
-        else:  # BWD_WEIGHT
-            self._accumulate(stage, stage.compiled("weight_grad", self.mode, m)(*args, sens))
+        reached = rng_snapshot()
+        rng_restore(rng_state)   # the recomputed forward draws the forward's dropout masks
+        try:
+            if t is T.BWD:
+                input_grads, weight_grads = stage.compiled("backward", self.mode, m)(*args, sens)
+                grads[(mb, s)] = input_grads[0]
+                self._accumulate(stage, weight_grads)
+            elif t is T.BWD_INPUT:
+                grads[(mb, s)] = stage.compiled("input_grad", self.mode, m)(*args, sens)[0]
+            else:  # BWD_WEIGHT
+                self._accumulate(stage, stage.compiled("weight_grad", self.mode, m)(*args, sens))
+        finally:
+            rng_restore(reached)   # the random stream goes on as if the backward drew nothing
+        if t is not T.BWD_INPUT:
             saved.pop((mb, s), None)
 
     @staticmethod
