@@ -199,3 +199,43 @@ def test_dropout_replayed_in_any_backward_order_pynative_and_jit_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         pp.ScheduleGPipe(stage, 4).runtime("jit")   # forward order: no warning
+
+
+# ---- what the runtime holds between forward and backward -------------------------------------------------
+def _plain(build, m):
+    sched, stages = build([layer for layer in _layers()], m)
+    return sched, stages
+
+
+@pytest.mark.parametrize("name", list(DROPOUT_RUNS))
+def test_memory_held_matches_the_schedule(name):
+    """``runtime.memory`` counts the stage inputs held for the backward: per rank it equals the
+    simulator's peak until the weight gradient, per stage (unsplit backward) its peak in flight,
+    and the bytes are that count times one microbatch's stage input; GPipe holds all m."""
+    m = 4
+    sched, stages = _plain(DROPOUT_RUNS[name], m)
+    sched.run(*_data(0))
+    mem = sched.runtime("pynative").memory
+    sim = pp.simulate(sched)
+    assert mem.peak_rank_microbatches == sim.peak_until_weight_grad[0], (name, mem.as_dict())
+    split = name in ("zb_h1", "zbv")
+    for s, count in mem.peak_microbatches.items():
+        if not split:
+            assert count == sim.peak_in_flight_per_stage[s], (name, s, mem.as_dict())
+        assert mem.peak_bytes[s] == count * (8 // m) * 16 * 4, (name, s, mem.as_dict())
+    if name == "gpipe":
+        assert mem.peak_microbatches == {0: m}
+    if name == "1f1b":    # one rank, one stage: each microbatch's backward right after its forward
+        assert mem.peak_microbatches == {0: 1}
+
+
+def test_tables_drop_what_no_later_step_needs():
+    """1F1B on one stage holds one microbatch at a time: the tables' peak stays at one stage input,
+    its label and the loss (activations, gradients and losses of finished microbatches are dropped)."""
+    sched, _ = _plain(_one_stage(pp.Schedule1F1B), 4)
+    sched.run(*_data(0))
+    one = (8 // 4) * 16 * 4
+    assert sched.runtime("pynative").memory.peak_table_bytes == 2 * one + 4
+    sched, _ = _plain(_one_stage(pp.ScheduleGPipe), 4)
+    sched.run(*_data(0))
+    assert sched.runtime("pynative").memory.peak_table_bytes == 4 * (2 * one + 4)
