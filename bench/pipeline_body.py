@@ -1,4 +1,5 @@
-"""Worker side of bench/pipeline.py: time every step of a few pipeline training steps."""
+"""Worker side of bench/pipeline.py: time every step of a few pipeline training steps and read what
+the runtime held (``runtime.memory``) in the last one."""
 import time
 
 import numpy as np
@@ -8,6 +9,7 @@ from mindspore import Tensor, nn, ops
 from mindformers_core import pipeline as pp
 from mindformers_core.distributed import get_env
 from mindformers_core.pipeline.runtime import PipelineStage
+from mindformers_core.recompute import allocator_peak
 
 SCHEDULES = pp.BUILTIN_SCHEDULES
 
@@ -64,7 +66,13 @@ def run(schedules, micro_batch_nums, mode, width, layers, batch, warmup=1, steps
             rows.append({"schedule": name, "micro_batch_num": m, "rank": env.rank,
                          "wall": float(np.mean(walls)), "busy": compute / steps,
                          "mean": {k: float(np.mean(v)) for k, v in durations.items()},
-                         "comm_min": float(np.min(comm)) if comm else 0.0})
+                         "comm_min": float(np.min(comm)) if comm else 0.0,
+                         # every recorded step: [type, micro, stage, start, end] (perf_counter seconds,
+                         # one clock for all ranks of this host)
+                         "trace": [[st.type.name, st.micro_index, st.stage_index, t0, t1]
+                                   for st, t0, t1 in runtime.trace],
+                         "memory": runtime.memory.as_dict(), "allocator_peak": allocator_peak(),
+                         "input_bytes": int(x.nbytes) // m})
     return rows
 
 

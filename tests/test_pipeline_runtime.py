@@ -1,8 +1,12 @@
-"""Pipeline runtime in one process (one stage holding the whole model): every schedule kind gives
-the whole-batch gradients in PyNative and jit; bad input is rejected with clear errors."""
+"""Pipeline runtime in one process (one stage holding the whole model, or two stages on one rank):
+every schedule kind gives the whole-batch gradients in PyNative and jit, also with dropout (the
+backward replays the forward's random state); bad input is rejected with clear errors."""
+import warnings
+
 import numpy as np
+import mindspore as ms
 import pytest
-from mindspore import nn
+from mindspore import nn, ops
 
 from mindformers_core import pipeline as pp
 from mindformers_core.pipeline.runtime import PipelineStage
@@ -63,3 +67,175 @@ def test_first_stage_with_several_inputs_and_a_spec(mode):
     np.testing.assert_allclose(float(loss.asnumpy()), float(ref[0].asnumpy()), rtol=1e-5)
     for g, r in zip(stage.grads, ref[1]):
         np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---- dropout: the backward's recomputed forward must draw the forward's masks ----------------------------
+SEED, DROP = 7, 0.3
+
+
+class _Dropout(nn.Cell):
+    def construct(self, x):
+        return ops.dropout(x, p=DROP, training=True)
+
+
+def _dropout_cells():
+    """The 8 tanh layers with a dropout after every second one (a stage ends with a dropout)."""
+    cells = []
+    for i, layer in enumerate(_layers()):
+        cells += [layer, _Dropout()] if i % 2 else [layer]
+    return cells
+
+
+def _dropout_reference(steps, m, mode):
+    """Each microbatch through the whole model with value_and_grad, in microbatch order (the order the
+    pipeline's forwards draw random numbers in), gradients summed: what a pipeline step must give."""
+    ms.set_seed(SEED)
+    net = nn.SequentialCell(_dropout_cells())
+    params = net.trainable_params()
+
+    def micro_loss(x, y):
+        return loss_fn(net(x), y) / m
+    grad_fn = ms.value_and_grad(micro_loss, None, params)
+    grad_fn = ms.jit(grad_fn) if mode == "jit" else grad_fn
+    losses, grads = [], []
+    for step in range(steps):
+        x, y = _data(step)
+        rows = x.shape[0] // m
+        total, summed = 0.0, None
+        for i in range(m):
+            loss, g = grad_fn(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows])
+            total += float(loss.asnumpy())
+            summed = g if summed is None else tuple(a + b for a, b in zip(summed, g))
+        losses.append(total)
+        grads.append([g.asnumpy() for g in summed])
+        _sgd(params, summed)
+    return losses, grads
+
+
+def _dropout_pipeline(build, steps, m, mode):
+    """``build(stage_cells, m) -> (schedule, stages)`` on this one process; losses and summed grads."""
+    ms.set_seed(SEED)
+    sched, stages = build(_dropout_cells(), m)
+    losses, grads = [], []
+    for step in range(steps):
+        losses.append(float(sched.run(*_data(step), mode=mode).asnumpy()))
+        grads.append([g.asnumpy() for st in stages for g in st.grads])
+        for st in stages:
+            _sgd(st.params, st.grads)
+    return losses, grads
+
+
+def _one_stage(cls):
+    def build(cells, m):
+        stage = PipelineStage(nn.SequentialCell(cells), 0, 1, loss_fn=loss_fn)
+        return cls(stage, m), [stage]
+    return build
+
+
+def _two_stages(cls):
+    """Both stages on this one process (pp_size 1, two virtual stages): handoffs, no transfers."""
+    def build(cells, m):
+        half = len(cells) // 2
+        stages = [PipelineStage(nn.SequentialCell(cells[:half]), 0, 2, loss_fn=loss_fn),
+                  PipelineStage(nn.SequentialCell(cells[half:]), 1, 2, loss_fn=loss_fn)]
+        return cls(stages, m), stages
+    return build
+
+
+class _BackwardsReversed(pp.PipelineScheduleSingle):
+    """GPipe with the backwards in reverse microbatch order (valid, but not forward order)."""
+
+    def construct_exec_order(self):
+        m = self.micro_batch_num
+        self.exec_order[0] = ([pp.MetaStep(i, pp.MetaStepType.FWD, 0) for i in range(m)]
+                              + [pp.MetaStep(i, pp.MetaStepType.BWD, 0) for i in reversed(range(m))])
+
+
+DROPOUT_RUNS = {"gpipe": _one_stage(pp.ScheduleGPipe), "1f1b": _one_stage(pp.Schedule1F1B),
+                "zb_h1": _one_stage(pp.ScheduleZeroBubbleH1),
+                "interleaved": _two_stages(pp.ScheduleInterleaved1F1B), "zbv": _two_stages(pp.ScheduleZeroBubbleV)}
+
+
+def _assert_dropout_parity(got, ref, what):
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, err_msg=f"{what}: losses")
+    for step, (gs, rs) in enumerate(zip(got[1], ref[1])):
+        for k, (g, r) in enumerate(zip(gs, rs)):
+            err = np.abs(g - r).max() / np.abs(r).max()
+            assert err <= 1e-5, f"{what}: step {step} gradient {k}: relative error {err:.2e}"
+
+
+# Under jit, 2 microbatches x 2 steps: MindSpore 2.10's CPU dropout inside a compiled graph was measured
+# to give run-to-run different masks from about the 6th launch of a graph on (same seed, same program,
+# also with one dropout and runtime_num_threads=1), so the jit check stays at 4 launches per graph.
+DROPOUT_MICROBATCHES = {"pynative": 4, "jit": 2}
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+@pytest.mark.parametrize("name", list(DROPOUT_RUNS))
+def test_dropout_masks_replayed_in_backward(name, mode):
+    """Dropout 0.3 after every second layer, two SGD steps: loss and every gradient equal those of
+    per-microbatch value_and_grad in one process (whose backward uses its forward's masks). Without
+    the replay the backward's recomputed forward draws new masks (gradients off by O(1))."""
+    m = DROPOUT_MICROBATCHES[mode]
+    ref = _dropout_reference(2, m, mode)
+    _assert_dropout_parity(_dropout_pipeline(DROPOUT_RUNS[name], 2, m, mode), ref, f"{name} {mode}")
+
+
+def test_dropout_is_live_in_the_reference():
+    """The check above is not vacuous: with dropout the reference loss differs from the plain model's."""
+    with_dropout = _dropout_reference(1, 4, "pynative")[0][0]
+    plain = reference(1)[0][0]
+    assert abs(with_dropout - plain) > 1e-2 * abs(plain), (with_dropout, plain)
+
+
+def test_dropout_replayed_in_any_backward_order_pynative_and_jit_warns():
+    """PyNative replays each microbatch's own random state, so backwards in reverse order still match;
+    under jit masks follow the compiled kernel's launch count, so such an order is warned about."""
+    ref = _dropout_reference(2, 4, "pynative")
+    _assert_dropout_parity(_dropout_pipeline(_one_stage(_BackwardsReversed), 2, 4, "pynative"), ref, "reversed")
+    stage = PipelineStage(nn.SequentialCell(_dropout_cells()), 0, 1, loss_fn=loss_fn)
+    with pytest.warns(RuntimeWarning, match=r"stage 0: BWD microbatches \[3, 2, 1, 0\] vs FWD \[0, 1, 2, 3\]"):
+        _BackwardsReversed(stage, 4).runtime("jit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        pp.ScheduleGPipe(stage, 4).runtime("jit")   # forward order: no warning
+
+
+# ---- what the runtime holds between forward and backward -------------------------------------------------
+def _plain(build, m):
+    sched, stages = build([layer for layer in _layers()], m)
+    return sched, stages
+
+
+@pytest.mark.parametrize("name", list(DROPOUT_RUNS))
+def test_memory_held_matches_the_schedule(name):
+    """``runtime.memory`` counts the stage inputs held for the backward: per rank it equals the
+    simulator's peak until the weight gradient, per stage (unsplit backward) its peak in flight,
+    and the bytes are that count times one microbatch's stage input; GPipe holds all m."""
+    m = 4
+    sched, stages = _plain(DROPOUT_RUNS[name], m)
+    sched.run(*_data(0))
+    mem = sched.runtime("pynative").memory
+    sim = pp.simulate(sched)
+    assert mem.peak_rank_microbatches == sim.peak_until_weight_grad[0], (name, mem.as_dict())
+    split = name in ("zb_h1", "zbv")
+    for s, count in mem.peak_microbatches.items():
+        if not split:
+            assert count == sim.peak_in_flight_per_stage[s], (name, s, mem.as_dict())
+        assert mem.peak_bytes[s] == count * (8 // m) * 16 * 4, (name, s, mem.as_dict())
+    if name == "gpipe":
+        assert mem.peak_microbatches == {0: m}
+    if name == "1f1b":    # one rank, one stage: each microbatch's backward right after its forward
+        assert mem.peak_microbatches == {0: 1}
+
+
+def test_tables_drop_what_no_later_step_needs():
+    """1F1B on one stage holds one microbatch at a time: the tables' peak stays at one stage input,
+    its label and the loss (activations, gradients and losses of finished microbatches are dropped)."""
+    sched, _ = _plain(_one_stage(pp.Schedule1F1B), 4)
+    sched.run(*_data(0))
+    one = (8 // 4) * 16 * 4
+    assert sched.runtime("pynative").memory.peak_table_bytes == 2 * one + 4
+    sched, _ = _plain(_one_stage(pp.ScheduleGPipe), 4)
+    sched.run(*_data(0))
+    assert sched.runtime("pynative").memory.peak_table_bytes == 4 * (2 * one + 4)

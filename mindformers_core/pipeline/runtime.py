@@ -10,10 +10,21 @@ The last stage's loss is divided by ``micro_batch_num`` and weight gradients are
 microbatches, so the result equals one step on the whole batch. The backward of a microbatch is a
 gradient function with the received gradient as sensitivity, which recomputes the stage forward
 from the saved stage input: the same code in PyNative and under ``mode="jit"`` (compiled), and
-only stage inputs are held between forward and backward. (``ms.vjp`` closures would avoid the
-recompute in PyNative, but MindSpore 2.10 rejects several outstanding ones: "Can not find top
-cell for backward".) Split backward (BWD_INPUT / BWD_WEIGHT) uses separate input- and
+only stage inputs are held between forward and backward (table entries are dropped as soon as
+no later step needs them; ``runtime.memory`` reports what a run held, see ``MemoryStats``).
+(``ms.vjp`` closures would avoid the recompute in PyNative, but MindSpore 2.10 rejects several
+outstanding ones: "Can not find top cell for backward".) Split backward (BWD_INPUT / BWD_WEIGHT) uses separate input- and
 weight-gradient functions.
+
+Random operators (dropout): a forward step snapshots the random state (MindSpore's per-kernel seed
+table and default generator, ``recompute.rng_snapshot``) with the stage input; the backward step
+restores it for its recomputed forward, then restores the state the run had reached, so the
+gradients are those of the masks that produced the loss and the random stream goes on as if the
+backward drew nothing. In PyNative that replays every microbatch's masks, in any order. Under
+``mode="jit"`` an ``ops.dropout``'s seeds are compile-time constants and its mask follows its
+compiled kernel's launch count: the restored table makes the backward graph compile with the
+forward graph's seeds, and a stage whose backwards run the microbatches in forward order (every
+built-in schedule) then draws the same masks; the runtime warns about an order that does not.
 """
 from __future__ import annotations
 
@@ -21,6 +32,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -29,6 +41,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from ..distributed import comm
 from ..distributed.env import get_env
+from ..recompute.units import rng_restore, rng_snapshot
 from .meta_step import MetaStep, MetaStepType as T
 from .microbatch import MicrobatchConfig
 
@@ -145,8 +158,82 @@ class PipelineStage:
         return out
 
 
+def _jit_replay_mismatches(order: Sequence[MetaStep]) -> List[str]:
+    """Stages whose backward steps of one kind do not run the microbatches in forward order."""
+    out = []
+    for s in sorted({step.stage_index for step in order}):
+        fwd = [st.micro_index for st in order if st.stage_index == s and st.type is T.FWD]
+        for kind in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
+            bwd = [st.micro_index for st in order if st.stage_index == s and st.type is kind]
+            if bwd and bwd != fwd:
+                out.append(f"stage {s}: {kind.name} microbatches {bwd} vs FWD {fwd}")
+    return out
+
+
+def _warn_if_jit_cannot_replay(order: Sequence[MetaStep]) -> None:
+    """Under jit a random operator's seeds are compile-time constants and its mask follows the
+    compiled kernel's launch count, so a stage's backward replays the forward's masks only when
+    it runs the microbatches in forward order (every built-in schedule does)."""
+    bad = _jit_replay_mismatches(order)
+    if bad:
+        warnings.warn("PipelineRuntime(mode='jit'): this order runs backward steps in another microbatch order "
+                      f"than the forwards ({'; '.join(bad)}); under jit a random operator (ops.dropout) draws its "
+                      "mask from its compiled kernel's launch count, so the backward would not see the forward's "
+                      "dropout masks. Keep each stage's backwards in forward order, or use mode='pynative' "
+                      "(which replays the random state of each forward exactly).", RuntimeWarning, stacklevel=3)
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, (tuple, list)):
+        return sum(_nbytes(v) for v in x)
+    return int(x.nbytes) if isinstance(x, Tensor) else 0
+
+
+class MemoryStats:
+    """What a run of the runtime held on this rank, peak over the run's steps.
+
+    * ``peak_microbatches[stage]`` / ``peak_bytes[stage]``: stage inputs saved for the backward
+      (received activations, or the microbatch on stage 0; not labels), from the FWD until the BWD
+      or BWD_WEIGHT that frees them -- the unit of the simulator's ``peak_until_weight_grad``, per
+      stage; ``peak_rank_microbatches``: all stages of this rank at once (that simulator figure).
+    * ``peak_table_bytes``: every distinct tensor in the runtime's tables at once (saved inputs and
+      labels, activations waiting to be sent or handed off, gradients waiting to be sent or used).
+    Activations inside a stage exist only during one FWD or BWD step (the backward recomputes
+    them) and are not counted here."""
+
+    def __init__(self, stages) -> None:
+        self.live_microbatches = {s: 0 for s in stages}
+        self.live_bytes = {s: 0 for s in stages}
+        self.peak_microbatches = dict(self.live_microbatches)
+        self.peak_bytes = dict(self.live_bytes)
+        self.peak_rank_microbatches = 0
+        self.peak_table_bytes = 0
+
+    def save(self, stage: int, nbytes: int) -> None:
+        self.live_microbatches[stage] += 1
+        self.live_bytes[stage] += nbytes
+        self.peak_microbatches[stage] = max(self.peak_microbatches[stage], self.live_microbatches[stage])
+        self.peak_bytes[stage] = max(self.peak_bytes[stage], self.live_bytes[stage])
+        self.peak_rank_microbatches = max(self.peak_rank_microbatches, sum(self.live_microbatches.values()))
+
+    def free(self, stage: int, nbytes: int) -> None:
+        self.live_microbatches[stage] -= 1
+        self.live_bytes[stage] -= nbytes
+
+    def tables(self, acts, grads, saved) -> None:
+        """Update the table peak from the runtime's tables (distinct tensors counted once)."""
+        held = list(acts.values()) + list(grads.values()) + [t for args, _, _ in saved.values() for t in args]
+        seen = {id(t): int(t.nbytes) for t in held if isinstance(t, Tensor)}
+        self.peak_table_bytes = max(self.peak_table_bytes, sum(seen.values()))
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"peak_microbatches": dict(self.peak_microbatches), "peak_bytes": dict(self.peak_bytes),
+                "peak_rank_microbatches": self.peak_rank_microbatches, "peak_table_bytes": self.peak_table_bytes}
+
+
 class PipelineRuntime:
-    """Runs one training step of a schedule on this rank's stages."""
+    """Runs one training step of a schedule on this rank's stages. After a run, ``memory`` is the
+    :class:`MemoryStats` of that run."""
 
     def __init__(self, schedule, mode: str = "pynative") -> None:
         if mode not in ("pynative", "jit"):
@@ -157,6 +244,8 @@ class PipelineRuntime:
                 raise TypeError(f"PipelineRuntime: stage {st!r} is not a PipelineStage (a schedule built "
                                 "from StageInfo can be validated and simulated, not run)")
         self.schedule, self.mode, self.stages = schedule, mode, stages
+        if mode == "jit":
+            _warn_if_jit_cannot_replay(schedule.local_order)
         pp_ranks = next(iter(stages.values())).pp_ranks
         self.pp_ranks = pp_ranks if pp_ranks is not None else list(range(get_env().world_size))
         if len(self.pp_ranks) != schedule.pp_size:
@@ -167,6 +256,7 @@ class PipelineRuntime:
         # (MetaStep, start, end) in seconds; compute steps then synchronise (for benchmarks)
         self.record = False
         self.trace: List[Tuple[MetaStep, float, float]] = []
+        self.memory = MemoryStats(sorted(stages))
         # seconds a send/recv may block before the watchdog reports the stalled peer and ends
         # this process (a rank blocked inside a collective cannot be interrupted from Python)
         self.timeout = float(os.environ.get("MFC_PIPELINE_TIMEOUT", "900"))
@@ -238,59 +328,62 @@ class PipelineRuntime:
         grads: Dict[Tuple[int, int], Any] = {}
         saved: Dict[Tuple[int, int], Any] = {}
         losses = []
+        self.memory = memory = MemoryStats(sorted(self.stages))
         for st in self.stages.values():
             # ops.zeros, not zeros_like: for a Parameter shrunk to its shard (set_data(slice_shape=True))
             # zeros_like was measured to return the pre-shrink shape under msrun (vocab-parallel embedding)
             st.grads = tuple(ops.zeros(tuple(p.shape), p.dtype) for p in st.params)
         for step in self.schedule.local_order:
             start = time.perf_counter() if self.record else 0.0
-            self._execute(step, xs, ys, acts, grads, saved, losses, m)
+            done = self._execute(step, xs, ys, acts, grads, saved, losses, m)
             if self.record:
-                self._sync(step, acts, grads)
+                self._sync(done)
                 self.trace.append((step, start, time.perf_counter()))
+            memory.tables(acts, grads, saved)
         loss = sum(losses[1:], losses[0]) if losses else None
         return self._average_over_replicas(loss)
 
     @staticmethod
-    def _sync(step: MetaStep, acts, grads):
-        key = (step.micro_index, step.stage_index)
-        if step.type is T.FWD:
-            acts[key].asnumpy()
-        elif step.type in (T.BWD, T.BWD_INPUT) and key in grads:
-            grads[key].asnumpy()
-        elif step.type is T.BWD_WEIGHT:
-            ms.runtime.synchronize()
+    def _sync(done) -> None:
+        """Wait for a compute step's result (copy it to the host: ``ms.runtime.synchronize``
+        only logs an error on CPU)."""
+        if done is not None:
+            done.asnumpy()
 
-    def _execute(self, step: MetaStep, xs, ys, acts, grads, saved, losses, m: int) -> None:
-        """One step of the local order."""
+    def _execute(self, step: MetaStep, xs, ys, acts, grads, saved, losses, m: int):
+        """One step of the local order; returns a compute step's last result (to wait for)."""
         mb, s, t = step.micro_index, step.stage_index, step.type
         stage = self.stages.get(s)
         if t is T.FWD:
-            x = xs[mb] if s == 0 else acts[(mb, s - 1)]
+            x = xs[mb] if s == 0 else acts.pop((mb, s - 1))   # now held as this stage's saved input
             args = tuple(x) if isinstance(x, (tuple, list)) else (x,)  # first stage: several inputs
+            nbytes = _nbytes(args)
+            self.memory.save(s, nbytes)
             if stage.is_last:
                 args = args + (ys[mb],)
-            saved[(mb, s)] = args
+            saved[(mb, s)] = (args, rng_snapshot(), nbytes)   # the backward replays this random state
             out = stage.compiled("forward", self.mode, m)(*args)
             if stage.is_last:
                 losses.append(out)
             acts[(mb, s)] = out
+            return out
         elif t in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
-            self._backward(step, stage, saved, acts, grads, m)
+            return self._backward(step, stage, saved, acts, grads, m)
         elif t is T.FWD_SEND:
-            out = acts[(mb, s)]
+            out = acts.pop((mb, s))
             self._send(out, s, s + 1, self._check_boundary(s, out), f"the activation of microbatch {mb}")
         elif t is T.FWD_RECV:
             known = self._boundary.get(s - 1)
             acts[(mb, s - 1)] = self._recv(s - 1, *(known or (None, None)),
                                            what=f"the activation of microbatch {mb}", to_stage=s)
         elif t is T.BWD_SEND:
-            self._send(grads[(mb, s)], s, s - 1, announce=False, what=f"the gradient of microbatch {mb}")
+            self._send(grads.pop((mb, s)), s, s - 1, announce=False, what=f"the gradient of microbatch {mb}")
         elif t is T.BWD_RECV:
-            shape, dtype = tuple(acts[(mb, s)].shape), acts[(mb, s)].dtype
+            shape, dtype = self._boundary[s]   # stage s announced its output shape when it first sent
             grads[(mb, s + 1)] = self._recv(s + 1, shape, dtype, what=f"the gradient of microbatch {mb}",
                                             to_stage=s)
         # handoffs: producer and consumer share the tables on this rank
+        return None
 
     def _average_over_replicas(self, loss):
         """Data parallel: mean of gradients (and of the loss) over each stage's replicas."""
@@ -305,23 +398,38 @@ class PipelineRuntime:
     def _sens(self, step: MetaStep, stage: PipelineStage, acts, grads):
         mb, s = step.micro_index, step.stage_index
         if stage.is_last:
-            return ops.ones((), acts[(mb, s)].dtype)
+            return ops.ones((), acts[(mb, s)].dtype)   # acts[(mb, s)]: the loss
         return grads[(mb, s + 1)]
 
     def _backward(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
         mb, s, t = step.micro_index, step.stage_index, step.type
-        args = saved[(mb, s)]
+        args, rng_state, nbytes = saved[(mb, s)]
         sens = self._sens(step, stage, acts, grads)
-        if t is T.BWD:
-            input_grads, weight_grads = stage.compiled("backward", self.mode, m)(*args, sens)
-            grads[(mb, s)] = input_grads[0]
-            self._accumulate(stage, weight_grads)
+        reached = rng_snapshot()
+        rng_restore(rng_state)   # the recomputed forward draws the forward's dropout masks
+        try:
+            if t is T.BWD:
+                input_grads, weight_grads = stage.compiled("backward", self.mode, m)(*args, sens)
+                if s > 0:   # stage 0's input gradient goes nowhere
+                    grads[(mb, s)] = input_grads[0]
+                self._accumulate(stage, weight_grads)
+                done = stage.grads[-1] if stage.grads else input_grads[0]
+            elif t is T.BWD_INPUT:
+                done = stage.compiled("input_grad", self.mode, m)(*args, sens)[0]
+                if s > 0:
+                    grads[(mb, s)] = done
+            else:  # BWD_WEIGHT
+                self._accumulate(stage, stage.compiled("weight_grad", self.mode, m)(*args, sens))
+                done = stage.grads[-1] if stage.grads else None
+        finally:
+            rng_restore(reached)   # the random stream goes on as if the backward drew nothing
+        if t is not T.BWD_INPUT:   # the microbatch is done on this stage: drop what it held
             saved.pop((mb, s), None)
-        elif t is T.BWD_INPUT:
-            grads[(mb, s)] = stage.compiled("input_grad", self.mode, m)(*args, sens)[0]
-        else:  # BWD_WEIGHT
-            self._accumulate(stage, stage.compiled("weight_grad", self.mode, m)(*args, sens))
-            saved.pop((mb, s), None)
+            self.memory.free(s, nbytes)
+            grads.pop((mb, s + 1), None)
+            if stage.is_last:
+                acts.pop((mb, s), None)
+        return done
 
     @staticmethod
     def _accumulate(stage: PipelineStage, weight_grads):
