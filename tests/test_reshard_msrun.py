@@ -33,7 +33,7 @@ def test_reshard_4_ranks_2x2_mesh():
 
 def test_reshard_8_ranks_2x2x2_mesh():
     results = run_msrun("tests.bodies.reshard_body:run", 8, timeout=600, kwargs={
-        "device_matrix": [2, 2, 2], "alias": ["pp", "dp", "tp"], "count": 8, "jit_count": 2,
+        "device_matrix": [2, 2, 2], "alias": ["pp", "dp", "tp"], "count": 5, "jit_count": 1,
         "seed": 1})
-    kinds = _check(results, 8, 2)
+    kinds = _check(results, 5, 1)
     assert len(kinds) >= 3
