@@ -136,11 +136,17 @@ class PipelineStage:
         else:
             raise ValueError(kind)
         if mode == "jit":
-            inner = out
+            # the stage's Parameters are passed as (trailing) arguments: a graph keeps the buffer
+            # of a Parameter it captured, so set_data (checkpoint loading, hsdp level3's
+            # shard/regather) would otherwise go unseen; passed ones are read at each call
+            inner, n = out, len(params)
 
             def compiled(*args):
-                return inner(*args)
-            out = ms.jit(compiled)
+                return inner(*args[:len(args) - n])
+            jitted = ms.jit(compiled)
+
+            def out(*args):
+                return jitted(*args, *params)
         self._fns[key] = out
         return out
 
