@@ -37,16 +37,19 @@ def _check(results, ref, keys):
     for key in keys:
         level = key.split("/")[0]
         names = set()
+        worst = {"loss": 0.0, "norm": 0.0, "weight": 0.0}
         for rank, per_rank in enumerate(results):
             got = per_rank[key]
             tag = f"{key} rank {rank} (stage {got['stage']})"
             if got["stage"] == PP - 1:
                 rel = np.abs(np.array(got["losses"]) - ref["losses"]) / np.abs(ref["losses"])
                 assert rel.max() <= LOSS_TOL, f"{tag}: losses {got['losses']} vs {ref['losses']}"
+                worst["loss"] = max(worst["loss"], rel.max())
             else:
                 assert got["losses"] == [None] * STEPS, f"{tag}: {got['losses']}"
             rel = np.abs(np.array(got["norms"]) - ref["norms"]) / np.abs(ref["norms"])
             assert rel.max() <= NORM_TOL, f"{tag}: global norms {got['norms']} vs {ref['norms']}"
+            worst["norm"] = max(worst["norm"], rel.max())
             assert got["runtime_reductions"] == 0, f"{tag}: the runtime still all-reduced over dp"
             # level3: one more all-gather for gather_full_params at the end
             want = STEPS * PER_STEP[level] + (level == "level3")
@@ -56,6 +59,7 @@ def _check(results, ref, keys):
                 full = ref["weights"][name]
                 err = np.abs(value - full).max() / np.abs(full).max()
                 assert err <= WEIGHT_TOL, f"{tag}: weight {name} differs by {err:.2e}"
+                worst["weight"] = max(worst["weight"], err)
                 size = full.size // (2 if got["sharded"][name] else 1)
                 assert all(int(np.prod(s)) == size for s in got["states"][name]), \
                     f"{tag}: optimizer states of {name}: {got['states'][name]} for {full.shape}"
@@ -64,6 +68,8 @@ def _check(results, ref, keys):
                     f"{tag}: {name} held as {got['held'][name]} between steps ({full.shape})"
             names |= set(got["weights"])
         assert names == set(ref["weights"]), f"{key}: not covered {set(ref['weights']) - names}"
+        print(f"{key}: max relative difference to one process: " +
+              ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
 
 
 def test_hsdp_levels_on_pp2_dp2_replicated_stages(single_process):
