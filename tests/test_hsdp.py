@@ -185,3 +185,100 @@ def test_optimizer_checks():
     with pytest.raises(ValueError, match="mode='graph'; valid modes are 'pynative' and 'jit'"):
         wrapped.train_step(body.Loss(wrapped), AdamW(net.trainable_params()), mode="graph")
     assert "fc1.weight" in wrapped.describe()
+
+
+# ---- hsdp over pipeline stages ---------------------------------------------------------------
+def _fake_stage(index=0, num=2, dp=None, pp=(0, 1)):
+    from types import SimpleNamespace
+    cell = nn.Dense(2, 2)
+    return SimpleNamespace(cell=cell, params=tuple(cell.trainable_params()), stage_index=index, stage_num=num,
+                           dp_group=None if dp is None else SimpleNamespace(ranks=tuple(dp)),
+                           pp_ranks=list(pp))
+
+
+def test_stage_dp_ranks_checks():
+    from mindformers_core.hsdp import check_stage_dp_ranks
+    # pp2 x dp2 on 4 ranks: stage 0 on [0, 1], stage 1 on [2, 3]; rank 1's pipeline is [1, 3]
+    assert check_stage_dp_ranks([0, 1], [1, 3], 1) == [0, 1]
+    with pytest.raises(ValueError, match=r"rank 2 is not in the stage's data-parallel group \[0, 1\]"):
+        check_stage_dp_ranks([0, 1], [0, 2], 2)
+    with pytest.raises(ValueError, match=r"dp_group=\[1, 3\] holds ranks \[3\] of this rank's pipeline "
+                                         r"\(pp_ranks=\[1, 3\]\), which run other stages"):
+        check_stage_dp_ranks([1, 3], [1, 3], 1)
+
+
+def test_stage_dp_ranks_resolution():
+    from mindformers_core.hsdp import stage_dp_ranks
+    kw = {"rank": 1, "world_size": 4}
+    st = _fake_stage(dp=[0, 1], pp=[1, 3])
+    assert stage_dp_ranks([st], **kw) == [0, 1]                       # the stage's dp_group
+    assert stage_dp_ranks([st], dp_group=[1, 0], **kw) == [1, 0]      # an explicit one wins
+    # interleaved: two stages on the rank, same replicas
+    assert stage_dp_ranks([st, _fake_stage(1, 4, dp=[0, 1], pp=[1, 3])], **kw) == [0, 1]
+    with pytest.raises(ValueError, match=r"stages disagree on their data-parallel group: stage 0's dp_group = "
+                                         r"\[0, 1\]; stage 1's dp_group = None"):
+        stage_dp_ranks([st, _fake_stage(1, 4, pp=[1, 3])], **kw)
+    # no dp group anywhere: fine for a pipeline spanning the world, an error otherwise
+    assert stage_dp_ranks([_fake_stage(pp=[0, 1, 2, 3])], **kw) == [1]
+    with pytest.raises(ValueError, match=r"cannot tell the data-parallel group of stage\(s\) \[0\].*"
+                                         r"pass dp_group"):
+        stage_dp_ranks([_fake_stage(pp=[1, 3])], **kw)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"optimizer_level": "level4"}, ValueError, r"optimizer_level='level4' is not valid; valid values are "
+                                                r"'level1', 'level2', 'level3'"),
+    ({"shard_size": 3}, ValueError, r"shard_size=3 must divide the data-parallel size 4; valid values are -1 "
+                                    r"\(all 4 data-parallel ranks\) or one of \[1, 2, 4\]"),
+    ({"accumulate_grad_step": 2}, ValueError, r"accumulate_grad_step=2 is not supported with pipeline stages "
+                                              r"\(valid: 1\).*raise micro_batch_num"),
+])
+def test_stage_arguments_fail_before_any_group(monkeypatch, kwargs, error, message):
+    def no_groups(ranks):
+        raise AssertionError(f"a group {ranks} was created before validation")
+    monkeypatch.setattr(hsdp_api, "new_group", no_groups)
+    # rank 0 of a 1-rank world, told that its stage is replicated over [0, 2, 4, 6]
+    with pytest.raises(error, match=message):
+        hsdp(_fake_stage(dp=[0, 2, 4, 6], pp=[0, 1]), **kwargs)
+
+
+def test_stage_list_type_errors():
+    with pytest.raises(TypeError, match=r"cell must be a mindspore.nn.Cell, a pipeline stage \(PipelineStage\) "
+                                        r"or a list of this rank's stages, got list"):
+        hsdp([_fake_stage(), "not a stage"])
+    from mindformers_core.hsdp import hsdp_stages
+    with pytest.raises(TypeError, match=r"expected a pipeline stage or a non-empty list.*got \['str'\]"):
+        hsdp_stages([_fake_stage(), "not a stage"])
+    with pytest.raises(ValueError, match=r"stages \[0, 0\] repeat a stage index"):
+        hsdp_stages([_fake_stage(), _fake_stage()])
+
+
+@pytest.mark.parametrize("level", ["level1", "level3"])
+def test_one_rank_pipeline_stage_equals_full_batch(level):
+    """hsdp(stage).train_step(schedule, ...) on a one-stage pipeline in one process: the schedule's
+    microbatches, clipping and AdamW equal one full-batch step."""
+    from mindformers_core.pipeline import Schedule1F1B, ScheduleGPipe
+    from mindformers_core.pipeline.runtime import PipelineStage
+
+    def loss_fn(out, y):
+        return ((out - y) ** 2).mean()
+
+    stage = PipelineStage(body.MLP(), 0, 1, loss_fn=loss_fn)
+    wrapped = hsdp(stage, threshold=body.THRESHOLD_KB, optimizer_level=level)
+    assert stage.dp_reduced_by is wrapped
+    opt = body.optimizer(wrapped.trainable_params())
+    with pytest.raises(ValueError, match=r"the schedule runs stages \[0\] but hsdp wraps stages \[0\]; build the "
+                                         r"schedule from the same PipelineStage objects"):
+        wrapped.train_step(Schedule1F1B(PipelineStage(body.MLP(), 0, 1, loss_fn=loss_fn), 2), opt)
+    step = wrapped.train_step(ScheduleGPipe(stage, 4), opt, max_grad_norm=0.5)
+    losses = []
+    for s in range(body.SHORT):
+        losses.append(float(step(*(Tensor(a) for a in body.data(s))).asnumpy()))
+        assert step.grad_norm is not None
+    ref_losses, ref_params = body.reference(body.SHORT, max_grad_norm=0.5)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for name, value in wrapped.gather_full_params().items():
+        ref = ref_params[name]
+        np.testing.assert_allclose(value, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    with pytest.raises(TypeError, match="the schedule runs the stages"):
+        wrapped(Tensor(body.data(0)[0]))

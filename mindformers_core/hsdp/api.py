@@ -59,7 +59,7 @@ def _dp_ranks(dp_group, cell=None) -> List[int]:
     raise TypeError(f"hsdp: dp_group={dp_group!r} must be a ProcessGroup, a list of ranks or None")
 
 
-def hsdp(cell: nn.Cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str = "level1",
+def hsdp(cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str = "level1",
          accumulate_grad_step: int = 1, dp_group=None) -> "HSDPCell":
     """Wrap ``cell`` for hybrid sharded data parallel (see the module docstring).
 
@@ -69,13 +69,20 @@ def hsdp(cell: nn.Cell, shard_size: int = 1, threshold: float = 64, optimizer_le
     many KB stay unsharded. ``optimizer_level``: ``level1`` shards optimizer states, ``level2``
     also gradients, ``level3`` also parameters. ``accumulate_grad_step``: micro-steps per
     optimizer step (gradients averaged; communication on the last micro-step only).
+    ``cell`` may also be a pipeline stage (``PipelineStage``) or the list of this rank's stages:
+    each stage is then sharded over its own data-parallel group and ``train_step`` takes the
+    schedule (see ``hsdp/pipeline.py``; level1/2/3 supported, ``accumulate_grad_step`` must be 1).
     ``dp_group``: ProcessGroup or rank list; default: the "dp" axis of the sharding plan when
     ``cell`` was sharded by ``parallelize`` (tensor parallel composes: hsdp shards the local
     tensor-parallel shards along dp), else parallel_state's data(-context)-parallel group if
     initialized, else the world. Bad arguments raise ValueError before any group exists.
     """
+    from .pipeline import hsdp_stages, is_stage
+    if is_stage(cell) or (isinstance(cell, (list, tuple)) and cell and all(is_stage(c) for c in cell)):
+        return hsdp_stages(cell, shard_size, threshold, optimizer_level, accumulate_grad_step, dp_group)
     if not isinstance(cell, nn.Cell):
-        raise TypeError(f"hsdp: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
+        raise TypeError(f"hsdp: cell must be a mindspore.nn.Cell, a pipeline stage (PipelineStage) or a "
+                        f"list of this rank's stages, got {type(cell).__name__}")
     ranks = _dp_ranks(dp_group, cell)
     size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
     return HSDPCell(cell, ranks, size, float(threshold), optimizer_level, accumulate_grad_step)

@@ -61,6 +61,21 @@ def shard_rank_lists(dp_ranks: Sequence[int], shard_size: int, rank: int) -> Tup
     return dp_ranks[start:start + shard_size], dp_ranks[i % shard_size::shard_size]
 
 
+
+def check_stage_dp_ranks(dp_ranks: Sequence[int], pp_ranks: Sequence[int], rank: int) -> List[int]:
+    """A pipeline stage's data-parallel group: the ranks holding the same stage (and tensor-parallel
+    position) as ``rank``. So ``rank`` is in it, and it holds no other rank of ``rank``'s pipeline
+    ``pp_ranks`` (those run other stages). Returns the ranks; raises ValueError otherwise."""
+    dp_ranks, pp_ranks = [int(r) for r in dp_ranks], [int(r) for r in pp_ranks]
+    if rank not in dp_ranks:
+        raise ValueError(f"hsdp: rank {rank} is not in the stage's data-parallel group {dp_ranks}")
+    others = sorted(set(dp_ranks) & set(pp_ranks) - {rank})
+    if others:
+        raise ValueError(f"hsdp: dp_group={dp_ranks} holds ranks {others} of this rank's pipeline "
+                         f"(pp_ranks={pp_ranks}), which run other stages; a stage's data-parallel group "
+                         "is the ranks holding the same stage and tensor-parallel position")
+    return dp_ranks
+
 @dataclass(frozen=True)
 class ParamPlan:
     """How one parameter is held. ``shape`` is the local (pre-hsdp) shape."""

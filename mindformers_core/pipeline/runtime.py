@@ -109,6 +109,9 @@ class PipelineStage:
         self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
         self.loss_fn = loss_fn
         self.dp_group = dp_group
+        # set by hsdp when it reduces this stage's gradients and loss over dp itself (once per
+        # step, reduce-scattered at level2/3); the runtime then leaves them local
+        self.dp_reduced_by = None
         self.params = ParameterTuple(cell.trainable_params())
         self.grads: Optional[Tuple[Tensor, ...]] = None
         self._fns: Dict[Tuple[str, str], Any] = {}
@@ -149,11 +152,17 @@ class PipelineStage:
         else:
             raise ValueError(kind)
         if mode == "jit":
-            inner = out
+            # the stage's Parameters are passed as (trailing) arguments: a graph keeps the buffer
+            # of a Parameter it captured, so set_data (checkpoint loading, hsdp level3's
+            # shard/regather) would otherwise go unseen; passed ones are read at each call
+            inner, n = out, len(params)
 
             def compiled(*args):
-                return inner(*args)
-            out = ms.jit(compiled)
+                return inner(*args[:len(args) - n])
+            jitted = ms.jit(compiled)
+
+            def out(*args):
+                return jitted(*args, *params)
         self._fns[key] = out
         return out
 
@@ -388,10 +397,11 @@ class PipelineRuntime:
     def _average_over_replicas(self, loss):
         """Data parallel: mean of gradients (and of the loss) over each stage's replicas."""
         for st in self.stages.values():
-            if st.dp_group is not None and st.dp_group.size > 1:
+            if st.dp_group is not None and st.dp_group.size > 1 and st.dp_reduced_by is None:
                 st.grads = tuple(comm.all_reduce(g, "avg", st.dp_group) for g in st.grads)
         last = self.stages.get(self.schedule.stage_num - 1)
-        if loss is not None and last.dp_group is not None and last.dp_group.size > 1:
+        if loss is not None and last.dp_group is not None and last.dp_group.size > 1 \
+                and last.dp_reduced_by is None:
             loss = comm.all_reduce(loss, "avg", last.dp_group)
         return loss
 
