@@ -72,20 +72,17 @@ def _check(results, ref, keys):
               ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
 
 
-def test_hsdp_levels_on_pp2_dp2_replicated_stages(single_process):
+# one msrun launch: every level once, both modes, and the parallelize path (one process per
+# config costs a compile per stage function on 2 cores; the cross product took over 10 minutes)
+CONFIGS = [["level1", "jit", False], ["level2", "pynative", False], ["level3", "jit", False],
+           ["level3", "pynative", True]]
+
+
+def test_hsdp_levels_on_pp2_dp2_stages(single_process):
     """Stages replicated over a dp group (PipelineStage(dp_group=...)): hsdp takes over the
-    runtime's data-parallel all-reduce."""
-    results = run_msrun("tests.bodies.hsdp_pp_body:run", 4, timeout=1500,
-                        kwargs={"levels": ["level1", "level2", "level3"], "modes": ["pynative", "jit"],
-                                "max_norm": MAX_NORM})
-    _check(results, single_process, [f"{lv}/{m}" for lv in ("level1", "level2", "level3")
-                                     for m in ("pynative", "jit")])
-
-
-def test_hsdp_on_pp2_dp2_parallelized_stages(single_process):
-    """Stages sharded by parallelize over a dp axis (the pp x dp x tp path): hsdp finds the dp
-    group in each stage's sharding plan and sums the dp-partial gradients."""
-    results = run_msrun("tests.bodies.hsdp_pp_body:run", 4, timeout=900,
-                        kwargs={"levels": ["level3"], "modes": ["jit"], "max_norm": MAX_NORM,
-                                "parallelized": True})
-    _check(results, single_process, ["level3/jit"])
+    runtime's data-parallel all-reduce. Stages sharded by parallelize over a dp axis (the
+    pp x dp x tp path): hsdp finds the dp group in each stage's sharding plan and sums the
+    dp-partial gradients."""
+    results = run_msrun("tests.bodies.hsdp_pp_body:run", 4, timeout=1200,
+                        kwargs={"configs": CONFIGS, "max_norm": MAX_NORM})
+    _check(results, single_process, [f"{lv}/{m}" + ("+parallelized" if par else "") for lv, m, par in CONFIGS])

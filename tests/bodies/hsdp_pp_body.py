@@ -72,7 +72,9 @@ def _stage(stage, last, pp_ranks, stage_ranks, dp_group, micro_batch_num, parall
 
 
 def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), max_norm=1.0,
-        micro_batch_num=2, shard_size=2, parallelized=False):
+        micro_batch_num=2, shard_size=2, parallelized=False, configs=None):
+    """Every (level, mode) of ``levels`` x ``modes``, or the ``configs`` given as
+    ``[level, mode, parallelized]``; results keyed ``level/mode`` (``+parallelized`` for those)."""
     rank = get_env().rank
     stage, local = divmod(rank, DP)                       # ranks [0, 1] hold stage 0, [2, 3] stage 1
     stage_ranks = list(range(stage * DP, (stage + 1) * DP))
@@ -89,34 +91,35 @@ def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), max_no
     comm.all_reduce = counting_all_reduce
     out = {}
     try:
-        for level in levels:
-            for mode in modes:
-                runtime_reductions[0] = 0
-                start = time.perf_counter()
-                model, st = _stage(stage, last, pp_ranks, stage_ranks, dp_group, micro_batch_num, parallelized)
-                sched = Schedule1F1B(st, micro_batch_num)
-                wrapped = hsdp(st, shard_size=shard_size, threshold=THRESHOLD_KB, optimizer_level=level)
-                opt = AdamW(wrapped.trainable_params(), LR)
-                step = wrapped.train_step(sched, opt, mode=mode, max_grad_norm=max_norm)
-                data = batches()
-                rows = data[0].shape[0] // DP
-                mine = slice(local * rows, (local + 1) * rows)
-                losses, norms = [], []
-                for tokens in data:
-                    loss = step(Tensor(tokens[mine, :-1]) if stage == 0 else None,
-                                Tensor(tokens[mine, 1:]) if last else None)
-                    losses.append(None if loss is None else float(loss.asnumpy()))
-                    norms.append(float(step.grad_norm.asnumpy()))
-                held = {_global_name(model, p.name): tuple(p.shape) for p in st.params}
-                states = {_global_name(model, p.name): [tuple(s.shape) for s in opt.state_of(i)]
-                          for i, p in enumerate(opt.parameters)}
-                sharded = {_global_name(model, p.name): wrapped.plan_of(p).sharded for p in st.params}
-                full = wrapped.gather_full_params()
-                out[f"{level}/{mode}"] = {
-                    "stage": stage, "losses": losses, "norms": norms, "held": held, "states": states,
-                    "sharded": sharded, "collectives": wrapped.collective_count(),
-                    "runtime_reductions": runtime_reductions[0], "seconds": time.perf_counter() - start,
-                    "weights": {_global_name(model, n): v for n, v in full.items()}}
+        if configs is None:
+            configs = [(level, mode, parallelized) for level in levels for mode in modes]
+        for level, mode, parallelized in configs:
+            runtime_reductions[0] = 0
+            start = time.perf_counter()
+            model, st = _stage(stage, last, pp_ranks, stage_ranks, dp_group, micro_batch_num, parallelized)
+            sched = Schedule1F1B(st, micro_batch_num)
+            wrapped = hsdp(st, shard_size=shard_size, threshold=THRESHOLD_KB, optimizer_level=level)
+            opt = AdamW(wrapped.trainable_params(), LR)
+            step = wrapped.train_step(sched, opt, mode=mode, max_grad_norm=max_norm)
+            data = batches()
+            rows = data[0].shape[0] // DP
+            mine = slice(local * rows, (local + 1) * rows)
+            losses, norms = [], []
+            for tokens in data:
+                loss = step(Tensor(tokens[mine, :-1]) if stage == 0 else None,
+                            Tensor(tokens[mine, 1:]) if last else None)
+                losses.append(None if loss is None else float(loss.asnumpy()))
+                norms.append(float(step.grad_norm.asnumpy()))
+            held = {_global_name(model, p.name): tuple(p.shape) for p in st.params}
+            states = {_global_name(model, p.name): [tuple(s.shape) for s in opt.state_of(i)]
+                      for i, p in enumerate(opt.parameters)}
+            sharded = {_global_name(model, p.name): wrapped.plan_of(p).sharded for p in st.params}
+            full = wrapped.gather_full_params()
+            out[f"{level}/{mode}" + ("+parallelized" if parallelized else "")] = {
+                "stage": stage, "losses": losses, "norms": norms, "held": held, "states": states,
+                "sharded": sharded, "collectives": wrapped.collective_count(),
+                "runtime_reductions": runtime_reductions[0], "seconds": time.perf_counter() - start,
+                "weights": {_global_name(model, n): v for n, v in full.items()}}
     finally:
         comm.all_reduce = plain_all_reduce
     return out
