@@ -155,11 +155,14 @@ def test_dp2_tp2_weights_load_on_one_process(runs, tiny, tmp_path):
 PP2 = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2]
 VIRTUAL = ["--parallel.pipeline_config.pipeline_interleave", 2, "--parallel.pipeline_config.layers_per_stage",
            "[0, 1, 1, 0]"]      # 4 stages for the 2 layers: the embedding and the head get stages of their own
+HSDP = ["--parallel.enable_parallel_optimizer", "True", "--hsdp.threshold", 1]   # 1 KB: the tiny weights shard
 PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, like the one-process reference
     "pp2_tp2_sp_1f1b": (1, PP2 + ["--parallel_config.model_parallel", 2, "--parallel_config.use_seq_parallel", "True",
                                   "--runner_config.batch_size", 2] + EVERY_STEP),
-    "pp2_dp2_zbv": (0, PP2 + VIRTUAL + ["--parallel_config.data_parallel", 2, "--runner_config.batch_size", 1,
-                                        "--parallel.pipeline_config.pipeline_scheduler", "zbv"] + NO_CHECKPOINTS),
+    "pp2_dp2_zbv_hsdp_level2": (0, PP2 + VIRTUAL + HSDP + [
+        "--hsdp.optimizer_level", "level2", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 1,
+        "--parallel.pipeline_config.pipeline_scheduler", "zbv"] + NO_CHECKPOINTS),
+    "dp2_tp2_hsdp_level3": (1, DP2_TP2 + HSDP + ["--hsdp.optimizer_level", "level3"] + EVERY_STEP),
     "pp2_tp2_interleaved_accumulate2": (0, PP2 + VIRTUAL + [
         "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 1,
         "--runner_config.gradient_accumulation_steps", 2,
@@ -169,14 +172,15 @@ PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, li
 
 @pytest.fixture(scope="module")
 def pipeline_runs(runs, tiny, tmp_path_factory):
-    """The pipeline jobs on 4 workers (one msrun launch), then the 1F1B job's step-1 checkpoint resumed
-    on one process."""
+    """The pipeline and hsdp jobs on 4 workers (one msrun launch), then the step-1 checkpoints of the 1F1B
+    job and of the hsdp level3 job (moments gathered from shards) resumed on one process."""
     base = tmp_path_factory.mktemp("trainer_pipeline")
     jobs = [args(tiny, base / name, "--mode", mode, *SHORT, *flags) for name, (mode, flags) in PIPELINE_JOBS.items()]
     assert run_msrun("tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=600) == [[0] * len(jobs)] * 4
-    ckpt = base / "pp2_tp2_sp_1f1b" / "checkpoint" / f"step_{RESUME_AT}"
-    assert run_mindformer.main(args(tiny, base / "p1_resumed", "--load_checkpoint", ckpt, "--resume_training", "True",
-                                    *SHORT, *NO_CHECKPOINTS)) == 0
+    for job in ("pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3"):
+        ckpt = base / job / "checkpoint" / f"step_{RESUME_AT}"
+        assert run_mindformer.main(args(tiny, base / f"{job}_resumed", "--load_checkpoint", ckpt,
+                                        "--resume_training", "True", *SHORT, *NO_CHECKPOINTS)) == 0
     return base
 
 
@@ -186,7 +190,10 @@ def test_pipeline_jobs_match_one_process(runs, pipeline_runs, name):
     assert_close(losses(pipeline_runs / name), losses(runs[f"p1_{mode}"]))
 
 
-def test_pipeline_checkpoint_resumes_on_one_process(pipeline_runs):
-    """Stage-local layer names are saved as global ones: pp2 x tp2 -> one process, exact resume."""
-    assert [r["step"] for r in records(pipeline_runs / "p1_resumed")] == list(range(RESUME_AT + 1, STEPS + 1))
-    assert_close(losses(pipeline_runs / "p1_resumed"), losses(pipeline_runs / "pp2_tp2_sp_1f1b")[RESUME_AT:])
+@pytest.mark.parametrize("job", ["pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3"])
+def test_pipeline_and_hsdp_checkpoints_resume_on_one_process(pipeline_runs, job):
+    """Stage-local layer names are saved as global ones; hsdp's sharded weights and AdamW moments are
+    saved whole: pp2 x tp2 and dp2 x tp2 (level3) -> one process, exact resume."""
+    resumed = pipeline_runs / f"{job}_resumed"
+    assert [r["step"] for r in records(resumed)] == list(range(RESUME_AT + 1, STEPS + 1))
+    assert_close(losses(resumed), losses(pipeline_runs / job)[RESUME_AT:])

@@ -224,6 +224,31 @@ class HSDPCell(nn.Cell):
                 state.set_data(Tensor(state.asnumpy()[tuple(index)]), slice_shape=True)
         return optimizer
 
+    def shard_of(self, param, full: np.ndarray) -> np.ndarray:
+        """This rank's hsdp shard of ``full`` (an array shaped like ``param``'s full local value,
+        e.g. an optimizer state read from a checkpoint); ``full`` itself when not sharded."""
+        plan = self.plans[id(param)]
+        if not plan.sharded:
+            return full
+        index = [slice(None)] * len(plan.shape)
+        index[plan.dim] = slice(plan.offset, plan.offset + plan.shard_shape[plan.dim])
+        return full[tuple(index)]
+
+    def full_optimizer_states(self, optimizer) -> List[List[np.ndarray]]:
+        """Every optimizer state at its full shape (sharded ones all-gathered over the shard group:
+        a collective), per optimizer parameter — what a checkpoint stores."""
+        plans = self._order(optimizer)
+        out = [[s.asnumpy() for s in optimizer.state_of(i)] for i in range(len(plans))]
+        index = {id(pl): i for i, pl in enumerate(plans)}
+        order = [index[id(self.plans[id(p)])] for p, _ in self._sharded() if id(self.plans[id(p)]) in index]
+        if len(order) != len(self._sharded()) or not order:
+            return out   # (an optimizer over a subset of the parameters: nothing sharded to gather here)
+        for k in range(len(out[order[0]])):
+            fulls = self.gather(tuple(optimizer.state_of(i)[k] for i in order))
+            for i, full in zip(order, fulls):
+                out[i][k] = full.asnumpy()
+        return out
+
     # ---- the manual pair (PyNative) -----------------------------------------------------------
     def reduce_gradients(self, grads: Sequence[Tensor], params: Optional[Sequence[Parameter]] = None):
         """Average ``grads`` (of ``params``, default ``trainable_params()``) over the dp group:
@@ -319,6 +344,7 @@ class TrainStep:
             bufs, loss_buf = accumulation_buffers(plans, self.params, wrapped._tag)
             self.accumulate, self.drain = Accumulate(bufs, loss_buf), Drain(bufs, loss_buf)
         self._fns: Dict[int, tuple] = {}
+        self.grad_norm = None   # the last optimizer step's global norm (before clipping), when clipping
 
     def _build(self, n: int):
         grad_fn, reducer, updater = self.grad_fn, self.reducer, self.updater
@@ -339,10 +365,11 @@ class TrainStep:
             grads, loss = reducer(grads, loss)
             if sharded_model:
                 loss = loss / loss_scale     # every rank held the global loss: undo the dp sum
+            norm = loss
             if clipping:
-                grads, _ = clipper(grads)
+                grads, norm = clipper(grads)
             shards = updater(grads)
-            return loss, shards
+            return loss, shards, norm
 
         if self.mode == "jit":
             return ms.jit(micro_step), ms.jit(full_step)
@@ -360,7 +387,8 @@ class TrainStep:
             self.micro += 1
             return micro_step(*batch, *self.params)
         self.micro = 0
-        loss, shards = full_step(*batch, *self.params)
+        loss, shards, norm = full_step(*batch, *self.params)
         if level3:
             self.wrapped._reshard(shards)
+        self.grad_norm = norm if self.clipper is not None else None
         return loss

@@ -91,7 +91,8 @@ SCHEMA = Section({
         "gradient_aggregation_group": F("int", 4, "Gradients fused per all-reduce bucket.", min=1),
     }, "Parallel sizes. dp x mp x cp x pp must equal the worker count."),
     "parallel": Section({
-        "enable_parallel_optimizer": F("bool", False, "Shard optimizer state over data parallel (ZeRO-1)."),
+        "enable_parallel_optimizer": F("bool", False, "Shard over data parallel with hsdp (ZeRO); the `hsdp` "
+                                                      "block sets the level (default level1: optimizer state)."),
         "pipeline_config": Section({
             "pipeline_interleave": F("int", 1, "Virtual stages per pipeline rank (vpp). MindFormers uses a "
                                                "bool here plus model_config.pp_interleave_num; we take the "
@@ -190,7 +191,7 @@ SCHEMA = Section({
         "threshold": F("int", 64, "Parameters smaller than this (KB) stay replicated.", min=0),
         "optimizer_level": F("str", "level1", "level1 shards optimizer state, level2 also gradients, "
                                               "level3 also weights.", choices=("level1", "level2", "level3")),
-    }, "Hybrid sharded data parallel (ours)."),
+    }, "Hybrid sharded data parallel (ours); applied when parallel.enable_parallel_optimizer is True."),
 })
 
 

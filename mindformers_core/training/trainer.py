@@ -193,10 +193,14 @@ class Trainer:
             except ConfigError as e:
                 errors += e.errors
         self.tokenizer_file = self._tokenizer_file(errors)
-        if cfg.parallel.enable_parallel_optimizer:
-            self.warnings.append("warning: parallel.enable_parallel_optimizer = True: the sharded optimizer is not "
-                                 "wired into this trainer and is ignored (memory only; the numbers are the same); "
-                                 "use mindformers_core.hsdp as a library")
+        self.sharded_dp = bool(cfg.parallel.enable_parallel_optimizer)
+        if self.sharded_dp and self.pp > 1 and self.accumulate > 1:
+            errors.append(f"runner_config.gradient_accumulation_steps = {self.accumulate}: with pipeline_stage > 1 "
+                          "and enable_parallel_optimizer (hsdp) accumulate through micro_batch_num instead (the "
+                          "schedule already sums microbatch gradients); use 1")
+        if self.sharded_dp and self.dp == 1:
+            self.warnings.append("warning: parallel.enable_parallel_optimizer = True with data_parallel 1: nothing "
+                                 "to shard over; hsdp runs with one rank per shard group")
         if errors:
             raise ConfigError(errors)
 
@@ -531,6 +535,11 @@ class Trainer:
 
         jit = self.mode == 0
         if self.pp > 1:
+            self._build_pipeline()
+        if self.sharded_dp:
+            self._build_hsdp_step(max_norm, groups[:1] if self.tp > 1 else [], weights)
+            return
+        if self.pp > 1:
             self.grads_of = self._pipeline_grads()
         else:
             grad_fn = ms.value_and_grad(self.model, None, self.params)
@@ -544,10 +553,8 @@ class Trainer:
         self.update_fn = ms.jit(update) if jit else update
         self.step_fn = self._accumulating_step
 
-    def _pipeline_grads(self):
-        """``(ids, labels) -> (loss, grads)`` of one schedule run on this rank's stages; the loss
-        (on the last stage's ranks) is shared with every pipeline rank for logging."""
-        from ..distributed import comm
+    def _build_pipeline(self) -> None:
+        """This rank's ``PipelineStage`` objects and the configured schedule over them."""
         from ..pipeline.runtime import PipelineStage
         topo = self.topology
         self.stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks,
@@ -555,16 +562,62 @@ class Trainer:
                        for chunk, s in zip(self.chunks, topo.stages)]
         self.schedule = build_schedule(self.cfg.parallel.pipeline_config.pipeline_scheduler, self.stages,
                                        self.micro_batch_num)
+
+    def _shared_loss(self, loss):
+        """The last stage's loss on every pipeline rank (for logging), zeros standing in elsewhere."""
+        from ..distributed import comm
+        loss = loss if loss is not None else ms.ops.zeros((), ms.float32)
+        return comm.all_reduce(loss, "sum", self.pp_group)
+
+    def _pipeline_grads(self):
+        """``(ids, labels) -> (loss, grads)`` of one schedule run on this rank's stages; the loss
+        (on the last stage's ranks) is shared with every pipeline rank for logging."""
+        topo = self.topology
         first, last = 0 in topo.stages, topo.stage_num - 1 in topo.stages
         mode = "jit" if self.mode == 0 else "pynative"
-        schedule, stages, pp_group = self.schedule, self.stages, self.pp_group
+        schedule, stages = self.schedule, self.stages
 
         def grads_of(ids, labels):
             loss = schedule.run(ids if first else None, labels if last else None, mode=mode)
             grads = tuple(g for st in stages for g in st.grads)
-            loss = loss if loss is not None else ms.ops.zeros((), ms.float32)
-            return comm.all_reduce(loss, "sum", pp_group), grads
+            return self._shared_loss(loss), grads
         return grads_of
+
+    def _build_hsdp_step(self, max_norm: float, tp_groups, weights) -> None:
+        """``parallel.enable_parallel_optimizer``: hsdp (ZeRO level from the ``hsdp`` block) over the
+        data-parallel axis of the model's (or each stage's) sharding plan; it owns the gradient
+        reduction, accumulation, clipping (tp and pp included) and the sharded AdamW update."""
+        from ..hsdp import hsdp
+        hc, mode = self.cfg.hsdp, "jit" if self.mode == 0 else "pynative"
+        target = self.stages if self.pp > 1 else self.model
+        try:
+            self.wrapped = hsdp(target, shard_size=int(hc.shard_size), threshold=float(hc.threshold),
+                                optimizer_level=hc.optimizer_level, accumulate_grad_step=1 if self.pp > 1
+                                else self.accumulate)
+        except ValueError as e:
+            raise ConfigError([f"hsdp = {dict(hc)}: {e}"]) from None
+        clip = max_norm if max_norm > 0 else math.inf     # inf: the norm is still computed and logged
+        if self.pp > 1:
+            step = self.wrapped.train_step(self.schedule, self.optimizer, mode=mode, max_grad_norm=clip,
+                                           norm_groups=tp_groups, norm_weights=weights)
+            topo = self.topology
+            first, last = 0 in topo.stages, topo.stage_num - 1 in topo.stages
+
+            def pipeline_step(ids, labels):
+                loss = step(ids if first else None, labels if last else None)
+                return self._shared_loss(loss), step.grad_norm
+            self.step_fn = pipeline_step
+            return
+        step = self.wrapped.train_step(self.model, self.optimizer, mode=mode, max_grad_norm=clip,
+                                       norm_groups=tp_groups, norm_weights=weights)
+        k = self.accumulate
+
+        def micro_steps(ids, labels):     # hsdp accumulates: communication on the last micro-step only
+            rows = ids.shape[0] // k
+            for i in range(k):
+                loss = step(ids[i * rows:(i + 1) * rows], labels[i * rows:(i + 1) * rows])
+            return loss, step.grad_norm
+        self.step_fn = micro_steps
 
     def _accumulating_step(self, ids, labels):
         """``gradient_accumulation_steps`` micro-steps (or schedule runs), gradients summed, then one
@@ -590,12 +643,19 @@ class Trainer:
 
     def save(self, step: int) -> str:
         """Save weights, AdamW moments, this rank's data position and the step (collective)."""
-        opt = {"adam_m": {p.name: m.asnumpy() for p, m in zip(self.params, self.optimizer.moment1)},
-               "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
+        if self.sharded_dp:     # hsdp holds shards of the moments (and of the weights at level3): gather
+            states = self.wrapped.full_optimizer_states(self.optimizer)
+            opt = {"adam_m": {p.name: st[0] for p, st in zip(self.params, states)},
+                   "adam_v": {p.name: st[1] for p, st in zip(self.params, states)}}
+        else:
+            opt = {"adam_m": {p.name: m.asnumpy() for p, m in zip(self.params, self.optimizer.moment1)},
+                   "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
         trainer_state = {"step": step, "seed": int(self.cfg.seed), "data_parallel": self.dp,
                          "model_parallel": self.tp, "pipeline_stage": self.pp, "global_batch": self.global_batch,
                          "next_lr": self.lr.at(step), "tokenizer_file": os.path.abspath(self.tokenizer.vocab_file)}
-        path = save_checkpoint(self.checkpoint_dir, step, {p.name: p.asnumpy() for p in self.params},
+        with self._full_weights():
+            weights = {p.name: p.asnumpy() for p in self.params}
+        path = save_checkpoint(self.checkpoint_dir, step, weights,
                                {p.name: p.mfc_layout for p in self.params}, optimizer_state=opt,
                                data_state=self.data.state_dict(), trainer_state=trainer_state,
                                rank=self.rank, world_size=self.world)
@@ -603,6 +663,13 @@ class Trainer:
         if self.rank == 0 and cb is not None:
             self._prune(int(cb.get("keep_checkpoint_max", 5) or 5))
         return path
+
+    def _full_weights(self):
+        """Context in which every parameter holds its full local (tensor-parallel) value: hsdp level3
+        gathers its shards and keeps what is set inside (a no-op otherwise)."""
+        import contextlib
+        wrapped = getattr(self, "wrapped", None)      # (built with the optimizer: not in predict mode)
+        return wrapped.unsharded() if wrapped is not None else contextlib.nullcontext()
 
     def _prune(self, keep: int) -> None:
         """Delete all but the newest ``keep`` published steps (never the tracker's)."""
@@ -629,8 +696,9 @@ class Trainer:
                 values = shard_single_file(step, targets, self.rank, strict=False)
             else:
                 values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
-            for p in self.params:    # set_data: ops.assign checks a sliced Parameter against its full shape
-                _set(p, values[p.name])  # once communication is initialised
+            with self._full_weights():
+                for p in self.params:    # set_data: ops.assign checks a sliced Parameter against its full
+                    _set(p, values[p.name])  # shape once communication is initialised
             if not resume:
                 _log(self.rank, f"loaded weights from {directory}" + ("" if root == "file" else f" (step {step})"))
                 return 0
@@ -646,8 +714,11 @@ class Trainer:
             raise ConfigError([f"{where}: resume_training needs AdamW moments, missing for {missing[:5]}; "
                                "load weights only (resume_training: False)"])
         for p, m, v in zip(self.params, self.optimizer.moment1, self.optimizer.moment2):
-            _set(m, opt["adam_m"][p.name])
-            _set(v, opt["adam_v"][p.name])
+            full_m, full_v = opt["adam_m"][p.name], opt["adam_v"][p.name]
+            if self.sharded_dp:       # this rank's hsdp shard of the full moments
+                full_m, full_v = self.wrapped.shard_of(p, full_m), self.wrapped.shard_of(p, full_v)
+            _set(m, full_m)
+            _set(v, full_v)
         trained = int((state.trainer_state or {}).get("step", state.step))
         _set(self.optimizer.global_step, np.array(trained, np.int32))
         self._restore_data(state, where)
