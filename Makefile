@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --durations=25
 
 # pure-logic tests only (no msrun), milliseconds each
 test-fast: $(STAMP)
