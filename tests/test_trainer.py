@@ -175,6 +175,36 @@ def test_mindrecord_data_gives_the_text_runs_losses(tiny, uninterrupted, tmp_pat
     assert "rows hold [17] tokens, but seq_length=32 needs 33" in capsys.readouterr().err
 
 
+def test_eval_callback_loss_equals_the_checkpoint_on_the_held_out_batches(tiny, uninterrupted, tmp_path):
+    """EvalCallBack at step 2: the mean loss of the first eval_steps batches of eval_dataset (file
+    order) under the weights of step 2; training itself is unchanged."""
+    from mindspore import Tensor
+    from mindformers_core.data.dataset import PackedDataset
+    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    out = tmp_path / "eval"
+    argv = args(tiny, out, "--train_dataset.dataset_dir", tiny["data_dir"], "--eval_dataset.dataset_dir",
+                tiny["corpus"], "--eval_dataset.eval_steps", 2, "--runner_config.max_steps", 2,
+                "--callbacks", "[{type: MFLossMonitor}, {type: EvalCallBack, eval_interval: 2}]")
+    assert run_mindformer.main(argv) == 0
+    got = records(out)
+    assert [r["loss"] for r in got] == [r["loss"] for r in records(uninterrupted)[:2]]
+    assert "eval_loss" not in got[0]
+    cfg = config_of(argv)
+    model = LlamaForCausalLM(LlamaConfig.from_model_config(cfg.model.model_config))
+    weights, _, _ = saved(uninterrupted, 2)
+    for p in model.trainable_params():
+        p.set_data(Tensor(weights[p.name]))
+    data = iter(PackedDataset([tiny["corpus"]], tiny["tokenizer"], cfg.model.model_config.seq_length,
+                              cache_dir=str(tmp_path / "cache"), shuffle=False))
+    want = []
+    for _ in range(2):
+        batch = [next(data) for _ in range(cfg.runner_config.batch_size)]
+        ids, labels = (np.stack([b[i] for b in batch]) for i in (0, 1))
+        want.append(float(model(Tensor(ids), Tensor(labels)).asnumpy()))
+    assert got[1]["eval_loss"] == pytest.approx(np.mean(want), rel=1e-5)
+    assert abs(got[1]["eval_loss"] - got[1]["loss"]) > 1e-4      # other batches than the training step's
+
+
 def test_predict_is_greedy_deterministic_and_matches_the_logits(tiny, uninterrupted, tmp_path, capsys):
     """run_mode predict prints prompt + greedy continuation; the tokenizer comes from the checkpoint;
     the first new token is the argmax of an unparallelized model's logits for the loaded weights."""
@@ -252,11 +282,13 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
     (1, ["--runner_config.max_grad_norm", -1, "--runner_config.max_steps", 0],
      ["runner_config.max_grad_norm = -1: must be >= 0",
       "runner_config.max_steps = 0: must be -1 (the epochs decide) or >= 1"]),
+    (1, ["--callbacks", "[{type: EvalCallBack}]"],
+     ["eval_dataset.dataset_dir = None: EvalCallBack needs held-out data"]),
     (2, ["--use_parallel", "True", "--run_mode", "predict", "--parallel_config.data_parallel", 2],
      ["run_mode = 'predict': runs on one process, not 2 workers"]),
 ], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_schedule",
          "pipeline_tie_and_empty_rank", "vocab",
-        "dataset_dir", "load_checkpoint", "runner", "predict_parallel"])
+        "dataset_dir", "load_checkpoint", "runner", "eval_without_data", "predict_parallel"])
 def test_bad_config_exits_2_before_any_process_group(tiny, tmp_path, monkeypatch, capsys, workers, extra, expected):
     def no_init(*a, **k):
         raise AssertionError("a process group was requested for a bad configuration")

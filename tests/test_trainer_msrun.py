@@ -26,6 +26,7 @@ DP2_TP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--pa
            "--runner_config.batch_size", 2]
 EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
 NO_CHECKPOINTS = ["--callbacks", "[{type: MFLossMonitor}]"]
+EVAL_AT_END = f"{{type: EvalCallBack, eval_interval: {STEPS}}}"
 RESUME_AT = 1              # resumed runs redo steps 2 (loaded weights) and 3 (loaded AdamW moments too)
 
 
@@ -80,12 +81,16 @@ def runs(tiny, tmp_path_factory):
     base = tmp_path_factory.mktemp("trainer_msrun")
     out = {k: base / k for k in ("w4_pynative", "w4_jit", "p1_pynative", "p1_jit", "p1_resumed", "p1_weights",
                                  "tp2_resumed")}
-    jobs = [args(tiny, out["w4_pynative"], "--mode", 1, *SHORT, *DP2_TP2, *EVERY_STEP),
+    evaluate = ["--eval_dataset.dataset_dir", tiny["corpus"], "--eval_dataset.eval_steps", 1]
+    jobs = [args(tiny, out["w4_pynative"], "--mode", 1, *SHORT, *DP2_TP2, *evaluate, "--callbacks",
+                 f"{EVERY_STEP[1][:-1]}, {EVAL_AT_END}]"),
             args(tiny, out["w4_jit"], "--mode", 0, *SHORT, *DP2_TP2, *NO_CHECKPOINTS)]
     with ThreadPoolExecutor(1) as pool:
         four = pool.submit(run_msrun, "tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=240)
         for mode, flag in (("pynative", 1), ("jit", 0)):
-            assert run_mindformer.main(args(tiny, out[f"p1_{mode}"], "--mode", flag, *SHORT, *NO_CHECKPOINTS)) == 0
+            callbacks = ([*evaluate, "--callbacks", f"{NO_CHECKPOINTS[1][:-1]}, {EVAL_AT_END}]"] if flag == 1
+                         else NO_CHECKPOINTS)
+            assert run_mindformer.main(args(tiny, out[f"p1_{mode}"], "--mode", flag, *SHORT, *callbacks)) == 0
         assert four.result() == [[0, 0]] * 4
     ckpt = out["w4_pynative"] / "checkpoint" / f"step_{RESUME_AT}"
     resume = ["--load_checkpoint", ckpt, "--resume_training", "True", *SHORT]
@@ -109,6 +114,14 @@ def test_four_workers_match_one_process(runs, mode):
     one, four = losses(runs[f"p1_{mode}"]), losses(runs[f"w4_{mode}"])
     assert len(one) == STEPS and one[-1] < one[0]
     assert_close(four, one)
+
+
+def test_eval_callback_four_workers_match_one_process(runs):
+    """EvalCallBack on dp2 x tp2: each data-parallel rank evaluates its share of the held-out batch,
+    the model's loss is the global mean: one process's number."""
+    one, four = records(runs["p1_pynative"])[-1], records(runs["w4_pynative"])[-1]
+    assert "eval_loss" in one and "eval_loss" in four
+    assert_close([four["eval_loss"]], [one["eval_loss"]])
 
 
 def test_jit_matches_pynative(runs):

@@ -150,6 +150,11 @@ SCHEMA = Section({
         "drop_remainder": F("bool", True, "Drop the last incomplete batch."),
         "num_parallel_workers": F("int", 1, "mindspore.dataset worker threads.", min=1),
     }, "Training data."),
+    "eval_dataset": Section({
+        "type": F("str", "text", "Input format (as train_dataset.type).", choices=("text", "jsonl", "mindrecord")),
+        "dataset_dir": F("str|null", None, "File or directory of held-out data; EvalCallBack needs it."),
+        "eval_steps": F("int", 4, "Batches (of batch_size rows per data-parallel rank) per evaluation.", min=1),
+    }, "Held-out data for EvalCallBack (same tokenizer and seq_length as training; read in file order)."),
     "optimizer": Section({
         "type": F("str", "AdamW", "Optimizer.", choices=("AdamW", "Adam", "SGD")),
         "learning_rate": F("float", 1e-3, "Peak learning rate (lr_schedule overrides when set).", min=0),

@@ -193,6 +193,7 @@ class Trainer:
             except ConfigError as e:
                 errors += e.errors
         self.tokenizer_file = self._tokenizer_file(errors)
+        self.eval_files = self._eval_files(errors) if not self.predicting else None
         self.sharded_dp = bool(cfg.parallel.enable_parallel_optimizer)
         if self.sharded_dp and self.pp > 1 and self.accumulate > 1:
             errors.append(f"runner_config.gradient_accumulation_steps = {self.accumulate}: with pipeline_stage > 1 "
@@ -203,6 +204,32 @@ class Trainer:
                                  "to shard over; hsdp runs with one rank per shard group")
         if errors:
             raise ConfigError(errors)
+
+    def _eval_files(self, errors: List[str]) -> Optional[List[str]]:
+        """EvalCallBack's held-out data (``eval_dataset``), or None without that callback."""
+        if self._callback("EvalCallBack") is None:
+            return None
+        ev = self.cfg.eval_dataset
+        if self.pp > 1:
+            errors.append(f"callbacks: EvalCallBack with parallel_config.pipeline_stage = {self.pp}: evaluation runs "
+                          "the whole model's forward and the pipeline runtime has no forward-only schedule yet; "
+                          "evaluate a checkpoint on pipeline_stage 1 instead")
+            return None
+        if not ev.dataset_dir:
+            errors.append("eval_dataset.dataset_dir = None: EvalCallBack needs held-out data (a file or directory of "
+                          "eval_dataset.type)")
+            return None
+        path = os.path.abspath(ev.dataset_dir)
+        try:
+            if ev.type == "mindrecord":
+                from ..data.mindrecord import mindrecord_files
+                return mindrecord_files(path)
+            return data_files(path, ev.type)
+        except FileNotFoundError as e:
+            errors.append(f"eval_dataset.dataset_dir = {ev.dataset_dir!r}: {e}")
+        except ConfigError as e:
+            errors += [m.replace("train_dataset.", "eval_dataset.") for m in e.errors]
+        return None
 
     def _mindrecord_files(self, errors: List[str]) -> List[str]:
         """MindRecord data: a .mindrecord file or a directory of them, and the tokenizer it was made with."""
@@ -382,21 +409,15 @@ class Trainer:
         if self.tokenizer.vocab_size != int(mc.vocab_size):
             raise ConfigError([f"model.model_config.vocab_size = {mc.vocab_size}: must equal the tokenizer's "
                                f"vocabulary, {self.tokenizer.vocab_size} pieces in {tok}"])
-        order = dict(seed=int(cfg.seed), shuffle=bool(ds.shuffle), dp_rank=self.topology.dp_rank, dp_size=self.dp)
-        if ds.type == "mindrecord":
-            from ..data.mindrecord import MindRecordDataset
-            try:
-                self.data = MindRecordDataset(os.path.abspath(ds.dataset_dir), int(mc.seq_length), **order)
-            except ValueError as e:
-                raise ConfigError([f"train_dataset.dataset_dir = {ds.dataset_dir!r}: {e}"]) from None
-        else:
-            cache = os.path.join(self.output_dir, "token_cache")
-            if self.rank == 0:                       # tokenize once; the others wait for the cache file
-                tokenize_to_cache(files, self.tokenizer, cache, "text")
-            else:
-                from ..data.dataset import _cache_key   # same name rank 0 writes (content hash)
-                _wait_for(os.path.join(cache, f"tokens-{_cache_key(files, self.tokenizer, 'text')}.npy"))
-            self.data = PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache, **order)
+        self.data = self._dataset("train_dataset", ds.type, ds.dataset_dir, files, bool(ds.shuffle))
+        if self.eval_files:
+            ev = cfg.eval_dataset
+            self.eval_data = self._dataset("eval_dataset", ev.type, ev.dataset_dir, self.eval_files, False)
+            need = int(ev.eval_steps) * int(cfg.runner_config.batch_size)
+            if self.eval_data.samples_per_epoch < need:
+                raise ConfigError([f"eval_dataset.eval_steps = {ev.eval_steps}: needs {need} samples per data-parallel "
+                                   f"rank (x batch_size {cfg.runner_config.batch_size}), the eval data has "
+                                   f"{self.eval_data.samples_per_epoch}"])
         # MindFormers' batch: batch_size rows per microbatch; a step takes micro_batch_num
         # microbatches (pipeline) times gradient_accumulation_steps micro-steps per data-parallel rank
         self.micro_batch = int(cfg.runner_config.batch_size)
@@ -411,6 +432,45 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * int(cfg.runner_config.epochs)
         if int(cfg.runner_config.max_steps) > 0:
             self.total_steps = min(self.total_steps, int(cfg.runner_config.max_steps))
+
+    def _dataset(self, key: str, kind: str, directory: Optional[str], files: List[str], shuffle: bool):
+        """This data-parallel rank's packed samples: MindRecord rows, or text/JSONL tokenized once by
+        rank 0 into a cache the other ranks wait for."""
+        mc = self.cfg.model.model_config
+        order = dict(seed=int(self.cfg.seed), shuffle=shuffle, dp_rank=self.topology.dp_rank, dp_size=self.dp)
+        try:
+            if kind == "mindrecord":
+                from ..data.mindrecord import MindRecordDataset
+                return MindRecordDataset(os.path.abspath(directory), int(mc.seq_length), **order)
+            cache = os.path.join(self.output_dir, "token_cache")
+            if self.rank == 0:                       # tokenize once; the others wait for the cache file
+                tokenize_to_cache(files, self.tokenizer, cache, "text")
+            else:
+                from ..data.dataset import _cache_key   # same name rank 0 writes (content hash)
+                _wait_for(os.path.join(cache, f"tokens-{_cache_key(files, self.tokenizer, 'text')}.npy"))
+            return PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache, **order)
+        except ValueError as e:
+            raise ConfigError([f"{key}.dataset_dir = {directory!r}: {e}"]) from None
+
+    def evaluate(self) -> float:
+        """Mean loss over the first ``eval_dataset.eval_steps`` batches of the held-out data (the
+        same batches every time), forward only, eagerly, dropout off."""
+        data, rows = self.eval_data, self.micro_batch
+        data.consumed_samples = 0
+        it = iter(data)
+        was_training = self.model.training
+        self.model.set_train(False)
+        total = 0.0
+        try:
+            with self._full_weights():
+                for _ in range(int(self.cfg.eval_dataset.eval_steps)):
+                    batch = [next(it) for _ in range(rows)]
+                    ids = np.stack([b[0] for b in batch]).astype(np.int32)
+                    labels = np.stack([b[1] for b in batch]).astype(np.int32)
+                    total += float(self.model(Tensor(ids), Tensor(labels)).asnumpy())
+        finally:
+            self.model.set_train(was_training)
+        return total / int(self.cfg.eval_dataset.eval_steps)
 
     def _build_model(self) -> None:
         """The Llama (one model, or this rank's pipeline stages), sharded over this stage's ranks
@@ -805,6 +865,8 @@ class Trainer:
         every = int(ckpt.get("save_checkpoint_steps", 0) or 0) if ckpt is not None else 0
         monitor = self._callback("MFLossMonitor")
         print_every = int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1
+        evaluator = self._callback("EvalCallBack")
+        eval_every = int(evaluator.get("eval_interval", 100) or 100) if evaluator is not None else 0
         n_params = sum(int(np.prod(p.mfc_global_shape)) for p in self.params)   # this pipeline rank's stages
         seq = int(cfg.model.model_config.seq_length)
         pipe = (f" pp={self.pp} ({self.cfg.parallel.pipeline_config.pipeline_scheduler}, "
@@ -837,12 +899,17 @@ class Trainer:
                       "tokens_per_s": tokens_per_step / (t2 - t1), "step_time_s": t2 - t0}
             history.append(record)
             if self.rank == 0:
-                with open(log_path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
                 if (step + 1) % print_every == 0 or step + 1 == self.total_steps or not math.isfinite(loss):
                     print(f"step {step + 1:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  "
                           f"grad_norm {norm:.3f}  {tokens_per_step / (t2 - t1):,.0f} tok/s  "
                           f"ETA {eta:.0f}s", flush=True)
+            if eval_every and (step + 1) % eval_every == 0:
+                record["eval_loss"] = self.evaluate()
+                _log(self.rank, f"step {step + 1:>4}/{self.total_steps}  eval_loss {record['eval_loss']:.4f}  "
+                                f"({self.cfg.eval_dataset.eval_steps} batches of {self.cfg.eval_dataset.dataset_dir})")
+            if self.rank == 0:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
             if not math.isfinite(loss):
                 raise FloatingPointError(f"step {step + 1}: loss is {loss}")
             if every and (step + 1) % every == 0:
