@@ -16,7 +16,11 @@ WEIGHT_TOL = 1e-4
 
 def test_hsdp_levels_on_dp2_tp2():
     ref_losses, ref_weights = reference()
-    results = run_msrun("tests.bodies.hsdp_tp_body:run", 4, timeout=900)
+    # each level once, both modes among them (every level in both modes is proven on the MLP in
+    # test_hsdp_msrun.py; here the point is the composition with tensor parallel)
+    configs = [["level1", "jit"], ["level2", "pynative"], ["level3", "jit"]]
+    results = run_msrun("tests.bodies.hsdp_tp_body:run", 4, timeout=900, kwargs={"configs": configs})
+    assert sorted(results[0]) == sorted(f"{lv}/{m}" for lv, m in configs)
     for key in results[0]:
         for rank, per_rank in enumerate(results):
             got = np.array(per_rank[key]["losses"])

@@ -1,6 +1,5 @@
 """Worker side of hsdp composed with tensor parallel: the GPT parallelized by its shard()
 declarations (dp2 x tp2), then hsdp over the plan's dp axis at each ZeRO level."""
-import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
@@ -36,27 +35,27 @@ def reference():
     return train(model, step, lambda a: a), {p.name: p.asnumpy() for p in params}
 
 
-def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), shard_size=2):
+def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), shard_size=2, configs=None):
+    """``levels`` x ``modes``, or the ``configs`` given as ``[level, mode]`` pairs."""
     rank = get_env().rank
     out = {}
-    for level in levels:
-        for mode in modes:
-            ms.set_seed(0)
-            cfg = make_config(2, 2)
-            model = GPTModel(cfg)
-            sample = batches()[0]
-            parallelize(model, cfg, sample[:, :-1], sample[:, 1:])
-            layout = model.mfc_sharding_plan.input_layouts[0]
-            shape = sample[:, :-1].shape
-            wrapped = hsdp(model, shard_size=shard_size, threshold=0.5, optimizer_level=level)
-            opt = AdamW(model.trainable_params(), LR)
-            step = wrapped.train_step(wrapped, opt, mode=mode)
-            losses = train(model, step, lambda a: a[layout.local_slice(shape, rank)])
-            full = wrapped.gather_full_params()
-            shards = {}
-            for p in model.trainable_params():
-                value = full[p.name]
-                sl = p.mfc_layout.local_slice(p.mfc_global_shape, rank)
-                shards[p.name] = (value, [(s.start, s.stop) for s in sl], p.mfc_global_shape)
-            out[f"{level}/{mode}"] = {"losses": losses, "shards": shards}
+    for level, mode in configs or [(lv, m) for lv in levels for m in modes]:
+        ms.set_seed(0)
+        cfg = make_config(2, 2)
+        model = GPTModel(cfg)
+        sample = batches()[0]
+        parallelize(model, cfg, sample[:, :-1], sample[:, 1:])
+        layout = model.mfc_sharding_plan.input_layouts[0]
+        shape = sample[:, :-1].shape
+        wrapped = hsdp(model, shard_size=shard_size, threshold=0.5, optimizer_level=level)
+        opt = AdamW(model.trainable_params(), LR)
+        step = wrapped.train_step(wrapped, opt, mode=mode)
+        losses = train(model, step, lambda a: a[layout.local_slice(shape, rank)])
+        full = wrapped.gather_full_params()
+        shards = {}
+        for p in model.trainable_params():
+            value = full[p.name]
+            sl = p.mfc_layout.local_slice(p.mfc_global_shape, rank)
+            shards[p.name] = (value, [(s.start, s.stop) for s in sl], p.mfc_global_shape)
+        out[f"{level}/{mode}"] = {"losses": losses, "shards": shards}
     return out
