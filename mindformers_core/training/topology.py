@@ -9,10 +9,11 @@ Pure logic: no process group needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 from ..pipeline.schedules import BUILTIN_SCHEDULES
 from ..pipeline.stage import stage_placement
+from ..pipeline.stage_split import stage_layer_ranges
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,18 @@ class Topology:
         return [local + k * self.per_stage for k in range(self.pp)]
 
     @property
+    def placement_kind(self) -> str:
+        """ZBV places stages in a V, the other schedules interleave them."""
+        return BUILTIN_SCHEDULES[self.scheduler][2] if self.pp > 1 else "interleaved"
+
+    @property
     def placement(self) -> Tuple[int, ...]:
-        """Pipeline rank of each (virtual) stage; ZBV places stages in a V, the others interleave."""
-        kind = BUILTIN_SCHEDULES[self.scheduler][2] if self.pp > 1 else "interleaved"
-        return stage_placement(kind, self.pp, self.vpp)
+        """Pipeline rank of each (virtual) stage."""
+        return stage_placement(self.placement_kind, self.pp, self.vpp)
+
+    def layer_ranges(self, num_layers: int, layers_per_stage: Sequence) -> List[range]:
+        """Global layers of every stage for an explicit ``layers_per_stage`` (counts or ranges)."""
+        return stage_layer_ranges(num_layers, self.pp, self.vpp, list(layers_per_stage), self.placement_kind)
 
     @property
     def stage_num(self) -> int:

@@ -77,17 +77,24 @@ def _set(param, value: np.ndarray) -> None:
     param.set_data(Tensor(value.astype(ms.dtype_to_nptype(param.dtype), copy=False)))
 
 
-def data_files(path: str, kind: str) -> List[str]:
-    """The files ``train_dataset.dataset_dir`` names: the file itself, or the directory's regular,
-    non-hidden files of the dataset type (``.jsonl``/``.json`` for jsonl, any other for text), sorted.
-    Raises ConfigError naming the key."""
-    key = f"train_dataset.dataset_dir = {path!r}"
+def data_files(path: str, kind: str, section: str = "train_dataset") -> List[str]:
+    """The files ``<section>.dataset_dir`` names: the file itself, or the directory's regular,
+    non-hidden files of the dataset type (``.jsonl``/``.json`` for jsonl, any other for text), sorted;
+    for ``mindrecord``, the ``.mindrecord`` file or the directory's ones. Raises ConfigError naming
+    the key."""
+    key = f"{section}.dataset_dir = {path!r}"
+    if kind == "mindrecord":
+        from ..data.mindrecord import mindrecord_files
+        try:
+            return mindrecord_files(path)
+        except FileNotFoundError as e:
+            raise ConfigError([f"{key}: {e}"]) from None
     if not os.path.exists(path):
         raise ConfigError([f"{key}: no such file or directory"])
     if os.path.isfile(path):
         if (kind == "jsonl") != path.endswith(_JSONL):
             raise ConfigError([f"{key}: a {'JSONL' if path.endswith(_JSONL) else 'plain-text'} file but "
-                               f"train_dataset.type = {kind!r}; text files hold one document per line, "
+                               f"{section}.type = {kind!r}; text files hold one document per line, "
                                f"jsonl files (.jsonl/.json) one {{\"text\": ...}} object per line"])
         return [path]
     files = sorted(os.path.join(path, n) for n in os.listdir(path)
@@ -95,7 +102,7 @@ def data_files(path: str, kind: str) -> List[str]:
                    and os.path.isfile(os.path.join(path, n)) and (kind == "jsonl") == n.endswith(_JSONL))
     if not files:
         want = "*.jsonl/*.json" if kind == "jsonl" else "text files (not .jsonl/.json)"
-        raise ConfigError([f"{key}: directory holds no {want} for train_dataset.type = {kind!r}"])
+        raise ConfigError([f"{key}: directory holds no {want} for {section}.type = {kind!r}"])
     return files
 
 
@@ -219,16 +226,10 @@ class Trainer:
             errors.append("eval_dataset.dataset_dir = None: EvalCallBack needs held-out data (a file or directory of "
                           "eval_dataset.type)")
             return None
-        path = os.path.abspath(ev.dataset_dir)
         try:
-            if ev.type == "mindrecord":
-                from ..data.mindrecord import mindrecord_files
-                return mindrecord_files(path)
-            return data_files(path, ev.type)
-        except FileNotFoundError as e:
-            errors.append(f"eval_dataset.dataset_dir = {ev.dataset_dir!r}: {e}")
+            return data_files(os.path.abspath(ev.dataset_dir), ev.type, "eval_dataset")
         except ConfigError as e:
-            errors += [m.replace("train_dataset.", "eval_dataset.") for m in e.errors]
+            errors += e.errors
         return None
 
     def _mindrecord_files(self, errors: List[str]) -> List[str]:
@@ -241,12 +242,7 @@ class Trainer:
         if not ds.tokenizer_file:
             errors.append("train_dataset.type = 'mindrecord': needs train_dataset.tokenizer_file, the tokenizer the "
                           "MindRecord data was written with (token ids mean nothing without it)")
-        from ..data.mindrecord import mindrecord_files
-        try:
-            return mindrecord_files(os.path.abspath(ds.dataset_dir))
-        except FileNotFoundError as e:
-            errors.append(f"train_dataset.dataset_dir = {ds.dataset_dir!r}: {e}")
-            return []
+        return data_files(os.path.abspath(ds.dataset_dir), ds.type)
 
     def _pipeline_errors(self) -> List[str]:
         """Pipeline settings the schema cannot judge alone: build this job's schedule from stage
@@ -261,11 +257,8 @@ class Trainer:
         topo = Topology(0, int(pc.pipeline_stage), self.dp, self.tp, int(pipe.pipeline_interleave),
                         pipe.pipeline_scheduler)
         if isinstance(pipe.layers_per_stage, list):   # (the schema's rules checked the split itself)
-            from ..pipeline.stage_split import stage_layer_ranges
             try:
-                ranges = stage_layer_ranges(int(cfg.model.model_config.num_layers), topo.pp, topo.vpp,
-                                            list(pipe.layers_per_stage), "v" if pipe.pipeline_scheduler == "zbv"
-                                            else "interleaved")
+                ranges = topo.layer_ranges(int(cfg.model.model_config.num_layers), pipe.layers_per_stage)
             except (TypeError, ValueError):
                 ranges = None
             for r in range(topo.pp) if ranges else ():
@@ -522,10 +515,7 @@ class Trainer:
                                    output_dir=self.output_dir)
             _log(self.rank, f"layers_per_stage: auto -> {plan.counts} (stage_plan.json in {self.output_dir})")
             return plan.counts
-        from ..pipeline.stage_split import stage_layer_ranges
-        kind = "v" if cfg.parallel.pipeline_config.pipeline_scheduler == "zbv" else "interleaved"
-        ranges = stage_layer_ranges(int(cfg.model.model_config.num_layers), self.pp, topo.vpp, list(explicit), kind)
-        return [len(r) for r in ranges]
+        return [len(r) for r in topo.layer_ranges(int(cfg.model.model_config.num_layers), explicit)]
 
     def _parallelize_stage(self, chunk, s: int, mesh, ids: np.ndarray) -> None:
         """A pipeline stage takes ids (first stage) or hidden states, and labels on the last stage;
