@@ -163,9 +163,7 @@ class HSDPCell(nn.Cell):
                 if tuple(p.shape) == plan.shard_shape and plan.shard_shape != plan.shape:
                     shards.append(None)   # already a shard
                     continue
-                index = [slice(None)] * len(plan.shape)
-                index[plan.dim] = slice(plan.offset, plan.offset + plan.shard_shape[plan.dim])
-                shards.append(Tensor(p.asnumpy()[tuple(index)]))
+                shards.append(Tensor(self.shard_of(p, p.asnumpy())))
         for (p, _), s in zip(pairs, shards):
             if s is not None:
                 p.set_data(s, slice_shape=True)
@@ -219,9 +217,7 @@ class HSDPCell(nn.Cell):
                 if shape != plan.shape:
                     raise ValueError(f"hsdp: optimizer state {state.name!r} has shape {shape}; expected "
                                      f"{plan.shape} (full) or {plan.shard_shape} (shard)")
-                index = [slice(None)] * len(shape)
-                index[plan.dim] = slice(plan.offset, plan.offset + plan.shard_shape[plan.dim])
-                state.set_data(Tensor(state.asnumpy()[tuple(index)]), slice_shape=True)
+                state.set_data(Tensor(self.shard_of(optimizer.parameters[i], state.asnumpy())), slice_shape=True)
         return optimizer
 
     def shard_of(self, param, full: np.ndarray) -> np.ndarray:
@@ -239,10 +235,10 @@ class HSDPCell(nn.Cell):
         a collective), per optimizer parameter — what a checkpoint stores."""
         plans = self._order(optimizer)
         out = [[s.asnumpy() for s in optimizer.state_of(i)] for i in range(len(plans))]
-        index = {id(pl): i for i, pl in enumerate(plans)}
-        order = [index[id(self.plans[id(p)])] for p, _ in self._sharded() if id(self.plans[id(p)]) in index]
-        if len(order) != len(self._sharded()) or not order:
-            return out   # (an optimizer over a subset of the parameters: nothing sharded to gather here)
+        position = {id(p): i for i, p in enumerate(optimizer.parameters)}
+        order = [position[id(p)] for p, _ in self._sharded() if id(p) in position]
+        if not order or len(order) != len(self._sharded()):
+            return out   # nothing sharded, or an optimizer over a subset (the bucketed gather needs all)
         for k in range(len(out[order[0]])):
             fulls = self.gather(tuple(optimizer.state_of(i)[k] for i in order))
             for i, full in zip(order, fulls):
@@ -288,6 +284,24 @@ class HSDPCell(nn.Cell):
         return TrainStep(self, loss_fn, optimizer, mode, max_grad_norm, norm_groups, norm_weights)
 
 
+def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm: Optional[float],
+                 norm_groups: Sequence = (), norm_weights: Optional[Sequence[float]] = None):
+    """Global-norm clipping of hsdp-reduced gradients (None without ``max_grad_norm``): sharded
+    pieces (level2/3) count once, pieces replicated over the shard group ``1/shard_size`` times
+    each; ``norm_groups`` (tensor/pipeline groups) and ``norm_weights`` extend it to model parallelism."""
+    if max_grad_norm is None:
+        return None
+    from ..optim.clip import ClipGradNorm
+    level, s = wrapped.level, wrapped.shard_size
+    weights = [1.0 if (pl.sharded and level != "level1") else 1.0 / s for pl in plans]
+    if norm_weights is not None:
+        if len(norm_weights) != len(plans):
+            raise ValueError(f"train_step: norm_weights has {len(norm_weights)} entries for {len(plans)} parameters")
+        weights = [w * float(u) for w, u in zip(weights, norm_weights)]
+    groups = ([wrapped.shard_group] if s > 1 else []) + list(norm_groups)
+    return ClipGradNorm(max_grad_norm, groups, weights)
+
+
 class TrainStep:
     """One micro-step per call: ``loss_fn(*batch)`` (a function or Cell computing the loss of
     this rank's batch with the wrapped model), gradients, and on every
@@ -327,18 +341,7 @@ class TrainStep:
         scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)
         self.reducer = GradReducer(plans, wrapped.level, wrapped.comm, scale)
         self.updater = wrapped._updater(optimizer)
-        self.clipper = None
-        if max_grad_norm is not None:
-            from ..optim.clip import ClipGradNorm
-            level, s = wrapped.level, wrapped.shard_size
-            weights = [1.0 if (pl.sharded and level != "level1") else 1.0 / s for pl in plans]
-            if norm_weights is not None:
-                if len(norm_weights) != len(plans):
-                    raise ValueError(f"train_step: norm_weights has {len(norm_weights)} entries for "
-                                     f"{len(plans)} parameters")
-                weights = [w * float(u) for w, u in zip(weights, norm_weights)]
-            groups = ([wrapped.shard_group] if s > 1 else []) + list(norm_groups)
-            self.clipper = ClipGradNorm(max_grad_norm, groups, weights)
+        self.clipper = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
         self.accumulate = self.drain = None
         if k > 1:
             bufs, loss_buf = accumulation_buffers(plans, self.params, wrapped._tag)

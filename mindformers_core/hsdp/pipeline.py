@@ -33,7 +33,7 @@ from mindspore import Tensor, nn
 from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
 from . import plan as P
-from .api import HSDPCell, _dp_ranks, _plan_dp_ranks
+from .api import HSDPCell, _dp_ranks, _plan_dp_ranks, norm_clipper
 from .step import GradReducer
 
 STAGE_ATTRS = ("cell", "params", "stage_index", "stage_num", "dp_group")
@@ -202,19 +202,10 @@ class PipelineTrainStep:
         reducer = GradReducer(plans, wrapped.level, wrapped.comm, 1.0 if sharded_model else 1.0 / dp)
         updater = wrapped._updater(optimizer)
         clipper = None
-        if max_grad_norm is not None:
-            from ..optim.clip import ClipGradNorm
-            level, s = wrapped.level, wrapped.shard_size
-            weights = [1.0 if (pl.sharded and level != "level1") else 1.0 / s for pl in plans]
-            if norm_weights is not None:
-                if len(norm_weights) != len(plans):
-                    raise ValueError(f"train_step: norm_weights has {len(norm_weights)} entries for "
-                                     f"{len(plans)} parameters")
-                weights = [w * float(u) for w, u in zip(weights, norm_weights)]
+        if max_grad_norm is not None:   # each stage's parameters live on one pipeline rank: sum over pp too
             pp_ranks = schedule.runtime(mode).pp_ranks
-            groups = ([wrapped.shard_group] if s > 1 else []) + \
-                ([new_group(pp_ranks)] if len(pp_ranks) > 1 else []) + list(norm_groups)
-            clipper = ClipGradNorm(max_grad_norm, groups, weights)
+            pp_groups = [new_group(pp_ranks)] if len(pp_ranks) > 1 else []
+            clipper = norm_clipper(wrapped, plans, max_grad_norm, pp_groups + list(norm_groups), norm_weights)
         self.grad_norm = None
         self._zero_loss = Tensor(np.zeros((), np.float32))
         self.clipping = clipping = clipper is not None

@@ -83,6 +83,19 @@ def _field_names(cls):
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def _from_mapping(kind: str, config: Mapping, mf_keys, cls, from_mf):
+    """A mapping of MindFormers ``<kind>_config`` keys (``from_mf()``) or of ``cls`` fields, not a mix."""
+    keys = set(config)
+    if keys <= set(mf_keys):
+        return from_mf()
+    if keys <= _field_names(cls):
+        return cls(**config)
+    unknown = sorted(keys - set(mf_keys) - _field_names(cls))
+    what = f"unknown key(s) {unknown}" if unknown else f"keys {sorted(keys)} mix the two kinds"
+    raise PatternError(f"{kind} config: {what}; give MindFormers {kind}_config keys {list(mf_keys)} or "
+                       f"{cls.__name__} fields {sorted(_field_names(cls) - {'notes'})}")
+
+
 def as_recompute_config(config: Any, model=None, swap_config: Optional[Mapping] = None) -> RecomputeConfig:
     """``config`` as a :class:`RecomputeConfig`: one already; None/False/"none"; True/"full"; "select";
     a list of patterns (select mode); a mapping of MindFormers ``recompute_config`` keys or of
@@ -100,17 +113,8 @@ def as_recompute_config(config: Any, model=None, swap_config: Optional[Mapping] 
     if isinstance(config, (list, tuple)):
         return RecomputeConfig(mode="select", select=list(config))
     if isinstance(config, Mapping):
-        keys = set(config)
-        if keys <= set(MF_RECOMPUTE_KEYS):
-            stages = stage_map(model) if model is not None else None
-            return from_mindformers(config, stages, swap_config)
-        if keys <= _field_names(RecomputeConfig):
-            return RecomputeConfig(**config)
-        unknown = sorted(keys - set(MF_RECOMPUTE_KEYS) - _field_names(RecomputeConfig))
-        what = f"unknown key(s) {unknown}" if unknown else f"keys {sorted(keys)} mix the two kinds"
-        raise PatternError(f"recompute config: {what}; "
-                           f"give MindFormers recompute_config keys {list(MF_RECOMPUTE_KEYS)} or RecomputeConfig "
-                           f"fields {sorted(_field_names(RecomputeConfig) - {'notes'})}")
+        return _from_mapping("recompute", config, MF_RECOMPUTE_KEYS, RecomputeConfig, lambda: from_mindformers(
+            config, stage_map(model) if model is not None else None, swap_config))
     raise TypeError(f"recompute config: {config!r} is not a RecomputeConfig, mode string, pattern list or mapping")
 
 
@@ -129,16 +133,7 @@ def as_swap_config(config: Any) -> Optional[SwapConfig]:
     if isinstance(config, (list, tuple)):
         return SwapConfig(select=list(config))
     if isinstance(config, Mapping):
-        keys = set(config)
-        if keys <= set(MF_SWAP_KEYS):
-            return swap_from_mindformers(config)
-        if keys <= _field_names(SwapConfig):
-            return SwapConfig(**config)
-        unknown = sorted(keys - set(MF_SWAP_KEYS) - _field_names(SwapConfig))
-        what = f"unknown key(s) {unknown}" if unknown else f"keys {sorted(keys)} mix the two kinds"
-        raise PatternError(f"swap config: {what}; "
-                           f"give MindFormers swap_config keys {list(MF_SWAP_KEYS)} or SwapConfig fields "
-                           f"{sorted(_field_names(SwapConfig) - {'notes'})}")
+        return _from_mapping("swap", config, MF_SWAP_KEYS, SwapConfig, lambda: swap_from_mindformers(config))
     raise TypeError(f"swap config: {config!r} is not a SwapConfig, pattern list or mapping")
 
 
