@@ -25,7 +25,8 @@ def _check(cls: str, name: str, value, minimum=0.0, integer=False):
 
 
 class LearningRateSchedule(nn.Cell):
-    """Base: ``construct(step)`` returns a float32 scalar Tensor; ``at(step)`` a Python float."""
+    """Abstract base: ``construct(step)`` returns a float32 scalar Tensor; ``at(step)`` a Python float.
+    Subclasses give the rate after warm-up twice, as a graph (``_after_warmup``) and in Python."""
 
     def __init__(self, learning_rate: float, warmup_steps: int = 0, warmup_lr_init: float = 0.0):
         super().__init__()
@@ -42,6 +43,7 @@ class LearningRateSchedule(nn.Cell):
         raise NotImplementedError(f"{type(self).__name__} must implement _after_warmup (abstract base)")
 
     def _after_warmup_py(self, step: int) -> float:
+        """The same rate in Python floats (``at``: logging, checkpoints), implemented per schedule."""
         raise NotImplementedError(f"{type(self).__name__} must implement _after_warmup_py (abstract base)")
 
     def construct(self, step):
