@@ -74,6 +74,7 @@ def test_parity_2_ranks(references):
     """2 ranks: pure data parallel (shard_size=1) and full ZeRO (shard_size=2) at every level."""
     results = run_msrun("tests.bodies.hsdp_body:run", 2, kwargs={"configs": configs}, timeout=300)
     _check_parity(results, configs, references, 2)
+    _check_level3_gathers_per_unit(results, 2)
 
 
 def test_parity_4_ranks_accumulation_and_clipping(references):
@@ -83,6 +84,7 @@ def test_parity_4_ranks_accumulation_and_clipping(references):
     configs = _configs([4], accumulate_sizes=[2], clip=clip)
     results = run_msrun("tests.bodies.hsdp_body:run", 4, kwargs={"configs": configs}, timeout=400)
     _check_parity(results, configs, references, 4)
+    _check_level3_gathers_per_unit(results, 4)
     # clipping was active: the clipped run differs from the unclipped one
     unclipped = references[(None, body.SHORT)][0][-1]
     assert results[0][clip[0]]["losses"][-1] != pytest.approx(unclipped, rel=1e-4)
@@ -92,10 +94,31 @@ def test_parity_4_ranks_accumulation_and_clipping(references):
             for r in results:
                 counts = r[(level, 2, mode, 2, None)]["counts"]
                 for first, last in counts:
-                    # level3 gathers its sharded params (one bucket) at the first micro-step; nothing else
-                    assert first == (1 if level == "level3" else 0), f"{level} {mode}: {counts}"
+                    # level3 gathers each unit's weight before its forward and its backward; nothing else
+                    assert first == (4 if level == "level3" else 0), f"{level} {mode}: {counts}"
                     assert last > 0
     # level3 holds less parameter memory than level1 (2 sharded weights at 1/4)
     l1 = results[0][("level1", 4, "pynative", 1, None)]["param_bytes"]
     l3 = results[0][("level3", 4, "pynative", 1, None)]["param_bytes"]
     assert l3 == l1 - (64 * 16 + 6 * 64) * 4 * 3 // 4
+
+
+def _check_level3_gathers_per_unit(results, shard_size):
+    """Level3 frees each unit's full weight after use: whenever fc1 or fc2 starts its forward or
+    its backward, its own weight is full and the other one a shard; the most held at once is the
+    larger unit's gathered part, not the whole model's."""
+    full = {"fc1": (body.HIDDEN, body.IN), "fc2": (body.OUT, body.HIDDEN)}
+    shard = {k: (v[0] // shard_size, v[1]) for k, v in full.items()}
+    for per_rank in results:
+        for mode in ("pynative", "jit"):
+            r = per_rank[("level3", shard_size, mode, 1, None)]
+            events = [(unit, phase) for unit, phase, _ in r["seen"]]
+            assert events[:4] == [("fc1", "forward"), ("fc2", "forward"), ("fc2", "backward"),
+                                  ("fc1", "backward")], f"{mode}: {events[:4]}"
+            assert len(events) == 4 * body.STEPS, f"{mode}: {len(events)} events"
+            for unit, phase, shapes in r["seen"]:
+                other = "fc2" if unit == "fc1" else "fc1"
+                assert shapes[unit] == full[unit], f"{mode} {unit} {phase}: {shapes}"
+                assert shapes[other] == shard[other], f"{mode} {unit} {phase}: {shapes}"
+            gathered = {k: (v[0] - v[0] // shard_size) * v[1] * 4 for k, v in full.items()}
+            assert r["peak_held_bytes"] == max(gathered.values()) < sum(gathered.values())

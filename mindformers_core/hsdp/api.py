@@ -26,6 +26,7 @@ from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
 from . import plan as P
 from .step import Accumulate, Comm, Drain, Gather, GradReducer, ShardedUpdate, accumulation_buffers
+from .units import UnitGathering
 
 _IDS = itertools.count()
 
@@ -60,7 +61,7 @@ def _dp_ranks(dp_group, cell=None) -> List[int]:
 
 
 def hsdp(cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str = "level1",
-         accumulate_grad_step: int = 1, dp_group=None) -> "HSDPCell":
+         accumulate_grad_step: int = 1, dp_group=None, units: Optional[Sequence[str]] = None) -> "HSDPCell":
     """Wrap ``cell`` for hybrid sharded data parallel (see the module docstring).
 
     ``shard_size``: data-parallel ranks sharing one copy of the sharded state (1 = pure data
@@ -69,6 +70,10 @@ def hsdp(cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str 
     many KB stay unsharded. ``optimizer_level``: ``level1`` shards optimizer states, ``level2``
     also gradients, ``level3`` also parameters. ``accumulate_grad_step``: micro-steps per
     optimizer step (gradients averaged; communication on the last micro-step only).
+    ``units`` (level3): Cell-name patterns (``"decoder.layers.*"``) whose sharded parameters are
+    gathered together right before the Cell's forward and again before its backward, and freed
+    right after each; parameters outside them are gathered by the Cell that owns them (the
+    default for all: one unit per owning Cell). See ``hsdp/units.py``.
     ``cell`` may also be a pipeline stage (``PipelineStage``) or the list of this rank's stages:
     each stage is then sharded over its own data-parallel group and ``train_step`` takes the
     schedule (see ``hsdp/pipeline.py``; level1/2/3 supported, ``accumulate_grad_step`` must be 1).
@@ -79,20 +84,33 @@ def hsdp(cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str 
     """
     from .pipeline import hsdp_stages, is_stage
     if is_stage(cell) or (isinstance(cell, (list, tuple)) and cell and all(is_stage(c) for c in cell)):
+        if units is not None:
+            raise ValueError(f"hsdp: units={units!r} applies to hsdp(cell); over pipeline stages level3 "
+                             "gathers a rank's stage parameters once per step")
         return hsdp_stages(cell, shard_size, threshold, optimizer_level, accumulate_grad_step, dp_group)
     if not isinstance(cell, nn.Cell):
         raise TypeError(f"hsdp: cell must be a mindspore.nn.Cell, a pipeline stage (PipelineStage) or a "
                         f"list of this rank's stages, got {type(cell).__name__}")
     ranks = _dp_ranks(dp_group, cell)
     size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
-    return HSDPCell(cell, ranks, size, float(threshold), optimizer_level, accumulate_grad_step)
+    if units is not None:
+        if isinstance(units, str) or not all(isinstance(u, str) for u in units):
+            raise ValueError(f"hsdp: units={units!r} must be a list of Cell-name patterns, e.g. ['decoder.layers.*']")
+        if optimizer_level != "level3":
+            raise ValueError(f"hsdp: units={list(units)} only apply to optimizer_level='level3' "
+                             f"(got {optimizer_level!r}): only level3 gathers parameters")
+    return HSDPCell(cell, ranks, size, float(threshold), optimizer_level, accumulate_grad_step, units=units)
 
 
 class HSDPCell(nn.Cell):
-    """The wrapped model: calls ``cell`` and owns the sharding plan, groups and collectives."""
+    """The wrapped model: calls ``cell`` and owns the sharding plan, groups and collectives.
+    At level3 the sharded parameters are held as shards; ``units`` (a ``UnitGathering``, None
+    over pipeline stages) gathers them per unit around its forward and backward."""
+
+    per_unit = True   # HSDPStages: level3 gathers a rank's stage parameters once per step
 
     def __init__(self, cell: nn.Cell, dp_ranks: Sequence[int], shard_size: int, threshold: float,
-                 level: str, accumulate_grad_step: int):
+                 level: str, accumulate_grad_step: int, units: Optional[Sequence[str]] = None):
         super().__init__(auto_prefix=False)
         env = get_env()
         self.network = cell
@@ -117,10 +135,14 @@ class HSDPCell(nn.Cell):
                                      requires_grad=False)
         self.comm = Comm(self.dp_group, self.shard_group, self.replica_group, self.collectives)
         self.gather = Gather([pl for _, pl in self._sharded()], self.comm)
+        self._unit_gathers: Dict[tuple, Gather] = {}
         self._full = True
+        self.units: Optional[UnitGathering] = None
         if level == "level3":
             self._reshard()
-        self._updaters: Dict[int, ShardedUpdate] = {}
+            if self.per_unit:
+                self.units = UnitGathering(self, units)
+        self._updaters: Dict[tuple, ShardedUpdate] = {}
         self._reducers: Dict[tuple, GradReducer] = {}
 
     # ---- model ------------------------------------------------------------------------------
@@ -139,6 +161,13 @@ class HSDPCell(nn.Cell):
         return int(self.collectives.asnumpy()[0])
 
     # ---- level3: parameters held as shards between steps -------------------------------------
+    def unit_gather(self, plans: Sequence[P.ParamPlan]) -> Gather:
+        """The bucketed all-gather of these parameters (built once per set)."""
+        key = tuple(id(pl) for pl in plans)
+        if key not in self._unit_gathers:
+            self._unit_gathers[key] = Gather(list(plans), self.comm)
+        return self._unit_gathers[key]
+
     def _sharded(self):
         return [(p, self.plans[id(p)]) for p in self._hsdp_params if self.plans[id(p)].sharded]
 
@@ -258,12 +287,13 @@ class HSDPCell(nn.Cell):
                                                         1.0 / self.dp_group.size)
         return reducer(tuple(grads), Tensor(np.zeros((), np.float32)))[0]
 
-    def _updater(self, optimizer) -> ShardedUpdate:
-        up = self._updaters.get(id(optimizer))
+    def _updater(self, optimizer, params_sharded: bool = False) -> ShardedUpdate:
+        key = (id(optimizer), params_sharded)
+        up = self._updaters.get(key)
         if up is None:
             plans = self._order(optimizer)
             self.shard_optimizer(optimizer)
-            up = self._updaters[id(optimizer)] = ShardedUpdate(optimizer, plans, self.level, self.comm)
+            up = self._updaters[key] = ShardedUpdate(optimizer, plans, self.level, self.comm, params_sharded)
         return up
 
     def apply_gradients(self, grads: Sequence[Tensor], optimizer) -> None:
@@ -311,8 +341,10 @@ class TrainStep:
     the micro-steps and the data-parallel group (the global-batch loss for a mean loss).
 
     ``mode="jit"`` compiles two graphs (accumulate-only and full step); the parameters are passed
-    to them as arguments, so level3's in-place gather/shrink (done eagerly around the compiled
-    step) is seen by the graph. ``max_grad_norm`` clips by the global norm: sharded gradient
+    to them as arguments, so in-place changes between steps are seen by the graphs. At level3 the
+    parameters change shape inside the step (``hsdp/units.py``): the forward/backward runs in
+    PyNative with every unit compiled as its own graph, and the accumulation and the
+    reduce/clip/update step are compiled. ``max_grad_norm`` clips by the global norm: sharded gradient
     pieces count once, pieces replicated over the shard group ``1/shard_size`` times each;
     ``norm_groups`` (e.g. tensor- and pipeline-parallel groups) and ``norm_weights`` (per
     parameter, e.g. ``optim.replication_weights``) extend it to model parallelism.
@@ -340,7 +372,10 @@ class TrainStep:
         self.loss_scale = float(dp) if self.sharded_model else 1.0
         scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)
         self.reducer = GradReducer(plans, wrapped.level, wrapped.comm, scale)
-        self.updater = wrapped._updater(optimizer)
+        self.units = wrapped.units
+        self.updater = wrapped._updater(optimizer, params_sharded=self.units is not None)
+        if self.units is not None and mode == "jit":
+            self.units.make_islands()
         self.clipper = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
         self.accumulate = self.drain = None
         if k > 1:
@@ -355,12 +390,7 @@ class TrainStep:
         accumulating, clipping = drain is not None, clipper is not None
         mp_reducer, sharded_model, loss_scale = self.model_parallel_reducer, self.sharded_model, self.loss_scale
 
-        def micro_step(*args):
-            loss, grads = grad_fn(*args[:n])
-            return accumulate(grads, loss)
-
-        def full_step(*args):
-            loss, grads = grad_fn(*args[:n])
+        def reduce_and_update(grads, loss):
             if accumulating:
                 grads, loss = drain(grads, loss)
             if sharded_model:
@@ -374,8 +404,43 @@ class TrainStep:
             shards = updater(grads)
             return loss, shards, norm
 
+        if self.units is not None:   # level3 per unit: the forward/backward changes parameter shapes
+            return self._build_per_unit(n, reduce_and_update)
+
+        def micro_step(*args):
+            loss, grads = grad_fn(*args[:n])
+            return accumulate(grads, loss)
+
+        def full_step(*args):
+            loss, grads = grad_fn(*args[:n])
+            return reduce_and_update(grads, loss)
+
         if self.mode == "jit":
             return ms.jit(micro_step), ms.jit(full_step)
+        return micro_step, full_step
+
+    def _build_per_unit(self, n: int, reduce_and_update):
+        grad_fn, accumulate, units, jit = self.grad_fn, self.accumulate, self.units, self.mode == "jit"
+
+        def finish(grads, loss, *params):   # the parameters as arguments: read at every call
+            return reduce_and_update(grads, loss)
+
+        def add(grads, loss):
+            return accumulate(grads, loss)
+        finish = ms.jit(finish) if jit else finish
+        add = ms.jit(add) if (jit and accumulate is not None) else add
+
+        def gradients(args):
+            units.reset_peak()
+            loss, grads = grad_fn(*args[:n])
+            units.check_closed()
+            return grads, loss
+
+        def micro_step(*args):
+            return add(*gradients(args))
+
+        def full_step(*args):
+            return finish(*gradients(args), *self.params)
         return micro_step, full_step
 
     def __call__(self, *batch):
@@ -383,7 +448,7 @@ class TrainStep:
         if fns is None:
             fns = self._fns[len(batch)] = self._build(len(batch))
         micro_step, full_step = fns
-        level3 = self.wrapped.level == "level3"
+        level3 = self.wrapped.level == "level3" and self.units is None
         if level3:
             self.wrapped._unshard()   # once per optimizer step (kept over micro-steps)
         if self.micro < self.k - 1:

@@ -132,6 +132,8 @@ class HSDPStages(HSDPCell):
     API applies (``describe``, ``trainable_params``, ``unsharded``, ``gather_full_params``,
     ``shard_optimizer``, ``collective_count``); ``train_step`` takes the schedule."""
 
+    per_unit = False   # level3: one gather of the rank's stage parameters per step
+
     def __init__(self, stages: Sequence, dp_ranks: Sequence[int], shard_size: int, threshold: float,
                  level: str):
         object.__setattr__(self, "stages", sorted(stages, key=lambda st: st.stage_index))

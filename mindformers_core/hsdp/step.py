@@ -154,12 +154,15 @@ class ShardedUpdate(nn.Cell):
 
     The optimizer's states of sharded parameters are shard-shaped (``shard_optimizer``); it sees
     ``narrow(param)`` and the gradient shard. The full parameter is then the concatenation of the
-    shard group's updated shards, identical on every replica.
+    shard group's updated shards, identical on every replica. ``params_sharded``: level3 with the
+    parameters already held as shards (per-unit gathering): they are updated in place.
     """
 
-    def __init__(self, optimizer, plans: Sequence[ParamPlan], level: str, comm: Comm):
+    def __init__(self, optimizer, plans: Sequence[ParamPlan], level: str, comm: Comm,
+                 params_sharded: bool = False):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
+        self.in_place = level == "level3" and params_sharded
         self.n = len(plans)
         self.sharded = tuple(p.sharded for p in plans)
         self.dim = tuple(p.dim if p.sharded else 0 for p in plans)
@@ -180,7 +183,10 @@ class ShardedUpdate(nn.Cell):
         values = ()
         local = ()
         for i in range(self.n):
-            if self.sharded[i]:
+            if self.in_place:
+                values = values + (params[i],)
+                local = local + (grads[i],)
+            elif self.sharded[i]:
                 values = values + (ops.narrow(params[i], self.dim[i], self.offset[i], self.size[i]),)
                 if self.level1:
                     local = local + (ops.narrow(grads[i], self.dim[i], self.offset[i], self.size[i]),)
@@ -192,11 +198,11 @@ class ShardedUpdate(nn.Cell):
         new = self.optimizer.apply(values, local)
         shards = ()
         for i in range(self.n):
-            if not self.sharded[i]:
+            if self.in_place or not self.sharded[i]:
                 ops.assign(params[i], new[i])
             elif self.level3:
                 shards = shards + (new[i],)
-        if not self.level3 and len(self.gathered) > 0:
+        if not self.level3 and len(self.gathered) > 0:   # level1/2: rebuild the full parameters
             rows = ()
             for k in range(len(self.gathered)):
                 rows = rows + (_to_rows(new[self.gathered[k]], self.perm[k], 1),)

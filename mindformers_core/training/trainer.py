@@ -641,9 +641,11 @@ class Trainer:
         hc, mode = self.cfg.hsdp, "jit" if self.mode == 0 else "pynative"
         target = self.stages if self.pp > 1 else self.model
         try:
+            # level3 gathers a decoder layer's weights as one unit (before its forward and its backward)
+            units = ["decoder.layers.*"] if (hc.optimizer_level == "level3" and self.pp == 1) else None
             self.wrapped = hsdp(target, shard_size=int(hc.shard_size), threshold=float(hc.threshold),
                                 optimizer_level=hc.optimizer_level, accumulate_grad_step=1 if self.pp > 1
-                                else self.accumulate)
+                                else self.accumulate, units=units)
         except ValueError as e:
             raise ConfigError([f"hsdp = {dict(hc)}: {e}"]) from None
         clip = max_norm if max_norm > 0 else math.inf     # inf: the norm is still computed and logged

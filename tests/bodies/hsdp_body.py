@@ -74,6 +74,7 @@ def train(level, shard_size, mode, accumulate=1, max_grad_norm=None, steps=STEPS
                    accumulate_grad_step=accumulate)
     opt = optimizer(wrapped.trainable_params())
     step = wrapped.train_step(Loss(wrapped), opt, mode=mode, max_grad_norm=max_grad_norm)
+    seen = _probe_level3(net, wrapped) if level == "level3" else []
     rows = GLOBAL_BATCH // dp
     losses, held, counts = [], [], []
     for s in range(steps):
@@ -91,13 +92,31 @@ def train(level, shard_size, mode, accumulate=1, max_grad_norm=None, steps=STEPS
         counts.append(per_micro)
         losses.append(float(loss.asnumpy()))
         held.append({p.name: tuple(p.shape) for p in wrapped.trainable_params()})
+    peak = wrapped.units.peak_held_bytes if wrapped.units is not None else None
     plans = {p.name: (wrapped.plan_of(p).sharded, wrapped.plan_of(p).shard_shape)
              for p in wrapped.trainable_params()}
     state_shapes = {s.name: tuple(s.shape) for i in range(len(opt.parameters)) for s in opt.state_of(i)}
     param_bytes = sum(p.nbytes for p in wrapped.trainable_params())
     return {"losses": losses, "params": wrapped.gather_full_params(), "held": held, "plans": plans,
             "counts": counts, "state_shapes": state_shapes, "param_bytes": param_bytes,
-            "describe": wrapped.describe()}
+            "describe": wrapped.describe(), "seen": seen, "peak_held_bytes": peak}
+
+
+def _probe_level3(net, wrapped):
+    """Record the real shapes of the weights whenever fc1 or fc2 (or their jit islands) starts
+    its forward or its backward: hooks registered after hsdp's run after its gather."""
+    seen = []
+    weights = {"fc1": net.fc1.weight, "fc2": net.fc2.weight}
+
+    def probe(unit, phase):
+        def hook(cell, *args):
+            seen.append((unit, phase, {k: tuple(w.shape) for k, w in weights.items()}))
+        return hook
+    for unit in ("fc1", "fc2"):
+        cell = getattr(net, unit)
+        cell.register_forward_pre_hook(probe(unit, "forward"))
+        cell.register_backward_pre_hook(probe(unit, "backward"))
+    return seen
 
 
 def run(configs):
