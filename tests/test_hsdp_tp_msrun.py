@@ -18,7 +18,7 @@ def test_hsdp_levels_on_dp2_tp2():
     ref_losses, ref_weights = reference()
     # each level once, both modes among them (every level in both modes is proven on the MLP in
     # test_hsdp_msrun.py; here the point is the composition with tensor parallel)
-    configs = [["level1", "jit"], ["level2", "pynative"], ["level3", "jit"]]
+    configs = [["level1", "jit"], ["level2", "pynative"], ["level3", "jit"], ["level3", "pynative"]]
     results = run_msrun("tests.bodies.hsdp_tp_body:run", 4, timeout=900, kwargs={"configs": configs})
     assert sorted(results[0]) == sorted(f"{lv}/{m}" for lv, m in configs)
     for key in results[0]:

@@ -40,7 +40,8 @@ def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Opti
                  ) -> List[Tuple[str, nn.Cell]]:
     """(name, Cell) of every unit: the topmost Cells whose name matches one of ``patterns``, then
     the owner Cell of every sharded parameter not inside one of them (the network itself when it
-    owns one directly). Raises ValueError when a pattern matches nothing."""
+    owns one directly; the caller of the owner when it computes in the owner's place without
+    calling it, like parallelize's vocab-parallel lookup). Raises ValueError when a pattern matches nothing."""
     named = list(network.cells_and_names())
     units: List[Tuple[str, nn.Cell]] = []
     covered = set()
@@ -55,11 +56,19 @@ def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Opti
                 continue
             units.append((name, cell))
             covered.update(id(p) for p in cell.get_parameters())
+    parent = {id(child): (n, c) for n, c in named for child in c._cells.values() if child is not None}
     for name, cell in named:
         own = [p for p in cell._params.values() if p is not None and id(p) in sharded and id(p) not in covered]
-        if own:
-            units.append((name, cell))
-            covered.update(id(p) for p in own)
+        if not own:
+            continue
+        unit_name, unit = name, cell
+        # a Cell computing in place of its child (parallelize's local kernels) never calls it:
+        # the hooks belong on the caller
+        while id(unit) in parent and getattr(parent[id(unit)][1], "mfc_replaces_inner", False):
+            unit_name, unit = parent[id(unit)]
+        if all(u is not unit for _, u in units):
+            units.append((unit_name, unit))
+        covered.update(id(p) for p in own)
     return units
 
 
