@@ -298,10 +298,14 @@ class HSDPCell(nn.Cell):
 
     def apply_gradients(self, grads: Sequence[Tensor], optimizer) -> None:
         """Step ``optimizer`` with reduced gradients (from ``reduce_gradients``, in the optimizer's
-        parameter order). Level3: call it while ``unsharded()``; parameters are shards afterwards."""
+        parameter order). Level3: the shards are updated in place; inside ``unsharded()`` the full
+        parameters are, and they are shards again afterwards."""
         if self.level == "level3" and not self._full:
-            raise RuntimeError("hsdp level3: apply_gradients needs the full parameters; compute the "
-                               "gradients and apply them inside `with wrapped.unsharded():`")
+            if self.units is None:
+                raise RuntimeError("hsdp level3 over pipeline stages: apply_gradients needs the full "
+                                   "parameters; apply them inside `with wrapped.unsharded():`")
+            self._updater(optimizer, params_sharded=True)(tuple(grads))
+            return
         shards = self._updater(optimizer)(tuple(grads))
         if self.level == "level3":
             self._reshard(shards)
@@ -448,15 +452,13 @@ class TrainStep:
         if fns is None:
             fns = self._fns[len(batch)] = self._build(len(batch))
         micro_step, full_step = fns
-        level3 = self.wrapped.level == "level3" and self.units is None
-        if level3:
-            self.wrapped._unshard()   # once per optimizer step (kept over micro-steps)
+        if self.units is not None and self.wrapped._full:
+            raise RuntimeError("hsdp level3: the train step runs on the shards (each unit gathers its own "
+                               "weights); call it outside `with wrapped.unsharded():`")
         if self.micro < self.k - 1:
             self.micro += 1
             return micro_step(*batch, *self.params)
         self.micro = 0
-        loss, shards, norm = full_step(*batch, *self.params)
-        if level3:
-            self.wrapped._reshard(shards)
+        loss, _, norm = full_step(*batch, *self.params)
         self.grad_norm = norm if self.clipper is not None else None
         return loss
