@@ -282,3 +282,61 @@ def test_one_rank_pipeline_stage_equals_full_batch(level):
         np.testing.assert_allclose(value, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     with pytest.raises(TypeError, match="the schedule runs the stages"):
         wrapped(Tensor(body.data(0)[0]))
+
+
+class _Lookup(nn.Cell):
+    """Computes with its child's weight without calling the child (like parallelize's
+    vocab-parallel lookup)."""
+    mfc_replaces_inner = True
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def construct(self, ids):
+        return ops.gather(self.inner.embedding_table, ids, 0)
+
+
+class _Block(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Dense(8, 16)
+        self.down = nn.Dense(16, 8)
+
+
+class _Model(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.embed = _Lookup(nn.Embedding(32, 8))
+        self.layers = nn.CellList([_Block(), _Block()])
+        self.head = nn.Dense(8, 32)
+
+
+def _unit_names(patterns, model=None):
+    from mindformers_core.hsdp.units import select_units
+    model = model or _Model()
+    sharded = {id(p): p for p in model.get_parameters() if "bias" not in p.name}
+    return [name for name, _ in select_units(model, sharded, patterns)]
+
+
+def test_level3_units_default_to_the_owning_cells():
+    # the lookup computes in its child's place: the hooks go on the lookup, which is called
+    assert _unit_names(None) == ["embed", "layers.0.up", "layers.0.down", "layers.1.up", "layers.1.down",
+                                 "head"]
+
+
+def test_level3_unit_patterns_group_blocks():
+    assert _unit_names(["layers.*"]) == ["layers.0", "layers.1", "embed", "head"]
+    assert _unit_names(["layers.*", "layers.0.up"]) == ["layers.0", "layers.1", "embed", "head"]
+    with pytest.raises(ValueError, match=r"units pattern 'decoder\.layers\.\*' matches no sub-Cell; names "
+                                         r"look like \['embed', 'embed.inner'"):
+        _unit_names(["decoder.layers.*"])
+
+
+def test_level3_units_argument_checks(monkeypatch):
+    monkeypatch.setattr(hsdp_api, "new_group", lambda ranks: pytest.fail("group created"))
+    with pytest.raises(ValueError, match=r"units=\['layers\.\*'\] only apply to optimizer_level='level3' "
+                                         r"\(got 'level2'\)"):
+        hsdp(_Model(), dp_group=[0, 1], optimizer_level="level2", units=["layers.*"])
+    with pytest.raises(ValueError, match=r"units='layers\.\*' must be a list of Cell-name patterns"):
+        hsdp(_Model(), dp_group=[0, 1], optimizer_level="level3", units="layers.*")
