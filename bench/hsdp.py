@@ -6,6 +6,8 @@ Bytes are measured from the tensors each rank holds between steps (parameters, A
 and from the reduced gradients the optimizer receives; ``dev %`` is the largest deviation of
 the three from the formula. The formula counts parameters hsdp keeps
 unsharded (below ``--threshold`` KB) in full; ``ZeRO ideal`` applies it to every parameter.
+``peak MB``: parameter bytes at the step's peak (level3: the shards plus the one unit gathered
+at a time, measured by hsdp's unit hooks; the other levels hold the full parameters).
 Prints a table and writes bench/results/hsdp.json.
 
     python bench/hsdp.py [--nproc 4] [--modes jit pynative] [--width 256] [--layers 4] [--batch 32]
@@ -62,7 +64,7 @@ def main():
           f"({p['param_count'] * 4 * mb:.2f} MB fp32), {args.batch} rows/rank, threshold {args.threshold} KB "
           f"({p['sharded_fraction'] * 100:.2f}% of bytes shardable)")
     head = (f"{'mode':<9}{'level':<7}{'S':>2} | {'params MB':>9}{'grads MB':>9}{'optim MB':>9} | "
-            f"{'formula':>23} | {'dev %':>6} | {'ZeRO ideal':>23} | {'ms/step':>8}{'vs dp':>7}{'colls':>6}")
+            f"{'formula':>23} | {'dev %':>6} | {'ZeRO ideal':>23} | {'peak MB':>8} | {'ms/step':>8}{'vs dp':>7}{'colls':>6}")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -73,6 +75,7 @@ def main():
               f"{f['params'] * mb:>7.3f}{f['grads'] * mb:>8.3f}{f['optimizer'] * mb:>8.3f} | "
               f"{worst:>6.2f} | "
               f"{z['params'] * mb:>7.3f}{z['grads'] * mb:>8.3f}{z['optimizer'] * mb:>8.3f} | "
+              f"{r['peak_params'] * mb:>8.3f} | "
               f"{r['step_s'] * 1e3:>8.1f}{r['vs_dp']:>6.2f}x{r['collectives_per_step']:>6.1f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

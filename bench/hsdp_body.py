@@ -49,6 +49,8 @@ def measure(level, shard_size, mode, width, layers, batch, threshold, warmup, st
     for _ in range(warmup):
         step(x, y).asnumpy()
     calls = wrapped.collective_count()
+    if wrapped.units is not None:
+        wrapped.units.reset_peak()
     start = time.perf_counter()
     for _ in range(steps):
         step(x, y).asnumpy()
@@ -63,7 +65,10 @@ def measure(level, shard_size, mode, width, layers, batch, threshold, warmup, st
         _, grads = grad_fn(x, y)
         reduced = wrapped.reduce_gradients(grads)
     plans = [wrapped.plan_of(p) for p in params]
-    return {"level": level, "shard_size": shard_size, "mode": mode, "step_s": elapsed,
+    # parameter bytes at the step's peak: level3 holds the shards plus the unit being gathered
+    gathered = wrapped.units.peak_held_bytes if wrapped.units is not None else 0
+    return {"peak_params": _nbytes(params) + gathered, "full_params": int(sum(p.nbytes for p in plans)),
+            "level": level, "shard_size": shard_size, "mode": mode, "step_s": elapsed,
             "collectives_per_step": calls,
             "measured": {"params": _nbytes(params), "grads": _nbytes(reduced), "optimizer": _nbytes(states)},
             "formula": zero_bytes(plans, level, shard_size),
