@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, nn
-from mindspore.common.api import _pynative_executor
+from mindspore.common.api import _no_grad, _pynative_executor
 
 
 def _wait_for_pending_kernels() -> None:
@@ -135,7 +135,8 @@ class UnitGathering:
             return
         params = [self.sharded[i] for i in need]
         gather = self.wrapped.unit_gather([self.wrapped.plan_of(p) for p in params])
-        fulls = gather(tuple(params))
+        with _no_grad():   # the gather is not part of the model: keep it off the autograd tape
+            fulls = gather(tuple(params))
         self.gathers += 1
         for p, full in zip(params, fulls):
             self.saved_shards[id(p)] = p.value()
@@ -170,7 +171,8 @@ class UnitGathering:
             for i in left:
                 self.open_count[i] = 1
             self._close(left)
-        self._calls.clear()
+        for calls in self._calls.values():   # forward-only calls leave entries; the hooks hold these lists
+            calls.clear()
 
     # ---- hooks ----------------------------------------------------------------------------------
     def _active(self) -> bool:
