@@ -13,6 +13,10 @@ import traceback
 
 def main(argv):
     target, out_dir, kwargs = argv[1], argv[2], json.loads(argv[3])
+    threads = os.environ.get("MFC_CPU_THREADS")
+    if threads:   # several workers share few cores: cap each one's kernel thread pool
+        import mindspore as ms
+        ms.device_context.cpu.op_tuning.threads_num(int(threads))
     from mindformers_core.distributed import init_distributed
     env = init_distributed()
 
