@@ -131,7 +131,7 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
     with open(launcher_log, "w") as log:
         # the workers share the machine's cores: each gets its share of kernel threads (measured
         # 8-13% faster on 2 cores with 2 and 4 workers than every worker using all cores)
-        threads = {"MFC_CPU_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+        threads = {"MFC_CPU_THREADS": os.environ.get("MFC_CPU_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env({**threads, **(env or {})}),
                                 cwd=work_dir, start_new_session=True)
         try:
