@@ -19,9 +19,11 @@ WEIGHT_TOL = 1e-4
 MAX_NORM = 1.6
 # hsdp collectives per optimizer step (docs/hsdp.md, "What a step does"), with shard_size = dp:
 # level1 all-reduce + all-gather; level2 all-reduce (unsharded + loss) + reduce-scatter +
-# all-gather; level3 parameter all-gather + all-reduce + reduce-scatter. Per microbatch would
-# multiply them by micro_batch_num.
-PER_STEP = {"level1": 2, "level2": 3, "level3": 3}
+# all-gather; level3 all-reduce + reduce-scatter, plus the units' parameter all-gathers: per
+# microbatch, before the forward, before the backward's recomputed forward and before the backward.
+# Per microbatch the reductions would be multiplied by micro_batch_num.
+PER_STEP = {"level1": 2, "level2": 3, "level3": 2}
+MICRO_BATCH_NUM = 2   # hsdp_pp_body's default
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,10 @@ def _check(results, ref, keys):
             worst["norm"] = max(worst["norm"], rel.max())
             assert got["runtime_reductions"] == 0, f"{tag}: the runtime still all-reduced over dp"
             # level3: one more all-gather for gather_full_params at the end
-            want = STEPS * PER_STEP[level] + (level == "level3")
+            want = STEPS * PER_STEP[level] + (level == "level3") + got["gathers"]
+            if level == "level3":
+                assert got["units"] > 0 and got["gathers"] == STEPS * MICRO_BATCH_NUM * 3 * got["units"], \
+                    f"{tag}: {got['gathers']} unit gathers for {got['units']} units"
             assert got["collectives"] == want, f"{tag}: {got['collectives']} hsdp collectives, want {want}"
             assert any(got["sharded"].values()) and not all(got["sharded"].values()), got["sharded"]
             for name, value in got["weights"].items():

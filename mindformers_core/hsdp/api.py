@@ -84,30 +84,31 @@ def hsdp(cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str 
     """
     from .pipeline import hsdp_stages, is_stage
     if is_stage(cell) or (isinstance(cell, (list, tuple)) and cell and all(is_stage(c) for c in cell)):
-        if units is not None:
-            raise ValueError(f"hsdp: units={units!r} applies to hsdp(cell); over pipeline stages level3 "
-                             "gathers a rank's stage parameters once per step")
-        return hsdp_stages(cell, shard_size, threshold, optimizer_level, accumulate_grad_step, dp_group)
+        _check_units(units, optimizer_level)
+        return hsdp_stages(cell, shard_size, threshold, optimizer_level, accumulate_grad_step, dp_group, units)
     if not isinstance(cell, nn.Cell):
         raise TypeError(f"hsdp: cell must be a mindspore.nn.Cell, a pipeline stage (PipelineStage) or a "
                         f"list of this rank's stages, got {type(cell).__name__}")
     ranks = _dp_ranks(dp_group, cell)
     size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
-    if units is not None:
-        if isinstance(units, str) or not all(isinstance(u, str) for u in units):
-            raise ValueError(f"hsdp: units={units!r} must be a list of Cell-name patterns, e.g. ['decoder.layers.*']")
-        if optimizer_level != "level3":
-            raise ValueError(f"hsdp: units={list(units)} only apply to optimizer_level='level3' "
-                             f"(got {optimizer_level!r}): only level3 gathers parameters")
+    _check_units(units, optimizer_level)
     return HSDPCell(cell, ranks, size, float(threshold), optimizer_level, accumulate_grad_step, units=units)
+
+
+def _check_units(units, optimizer_level) -> None:
+    if units is None:
+        return
+    if isinstance(units, str) or not all(isinstance(u, str) for u in units):
+        raise ValueError(f"hsdp: units={units!r} must be a list of Cell-name patterns, e.g. ['decoder.layers.*']")
+    if optimizer_level != "level3":
+        raise ValueError(f"hsdp: units={list(units)} only apply to optimizer_level='level3' "
+                         f"(got {optimizer_level!r}): only level3 gathers parameters")
 
 
 class HSDPCell(nn.Cell):
     """The wrapped model: calls ``cell`` and owns the sharding plan, groups and collectives.
-    At level3 the sharded parameters are held as shards; ``units`` (a ``UnitGathering``, None
-    over pipeline stages) gathers them per unit around its forward and backward."""
-
-    per_unit = True   # HSDPStages: level3 gathers a rank's stage parameters once per step
+    At level3 the sharded parameters are held as shards; ``units`` (a ``UnitGathering``)
+    gathers them per unit around its forward and backward."""
 
     def __init__(self, cell: nn.Cell, dp_ranks: Sequence[int], shard_size: int, threshold: float,
                  level: str, accumulate_grad_step: int, units: Optional[Sequence[str]] = None):
@@ -140,8 +141,7 @@ class HSDPCell(nn.Cell):
         self.units: Optional[UnitGathering] = None
         if level == "level3":
             self._reshard()
-            if self.per_unit:
-                self.units = UnitGathering(self, units)
+            self.units = UnitGathering(self, units)
         self._updaters: Dict[tuple, ShardedUpdate] = {}
         self._reducers: Dict[tuple, GradReducer] = {}
 

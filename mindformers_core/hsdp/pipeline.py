@@ -9,14 +9,14 @@
     step = wrapped.train_step(sched, opt, mode="jit", max_grad_norm=1.0)
     loss = step(inputs, labels)      # the global-batch loss on the last stage's ranks, else None
 
-One step: (level3) one bucketed all-gather of this rank's sharded stage parameters; the schedule
-runs every microbatch, the runtime summing weight gradients locally (no data-parallel
+One step: the schedule runs every microbatch (level3: each unit of a stage gathers its weights
+around its forward, recomputed forward and backward, see ``units.py``), the runtime summing weight gradients locally (no data-parallel
 communication per microbatch: hsdp sets ``stage.dp_reduced_by`` so the runtime's all-reduce over
 ``stage.dp_group`` is skipped); then once: the gradients are reduced over the stage's dp group
 (level1: all-reduce; level2/3: reduce-scatter over the shard group + all-reduce over the
 replicas), optionally clipped by the global norm over every pipeline stage, and the optimizer
-updates this rank's shards (level1/2 all-gather them into the full parameters; level3 keeps
-only the shards until the next step).
+updates this rank's shards (level1/2 all-gather them into the full parameters; level3 updates
+the shards in place).
 
 Nothing here imports the pipeline package: stages are used through their attributes (``cell``,
 ``params``, ``grads``, ``dp_group``, ``pp_ranks``, ``stage_index``, ``stage_num``) and the
@@ -98,7 +98,7 @@ def stage_dp_ranks(stages: Sequence, dp_group=None, rank: Optional[int] = None,
 
 
 def hsdp_stages(stages, shard_size: int = 1, threshold: float = 64, optimizer_level: str = "level1",
-                accumulate_grad_step: int = 1, dp_group=None) -> "HSDPStages":
+                accumulate_grad_step: int = 1, dp_group=None, units=None) -> "HSDPStages":
     """``hsdp`` for a pipeline stage or the list of this rank's stages (what ``hsdp`` calls when
     given stages). Arguments as for ``hsdp``; ``shard_size`` must divide the stages' dp size,
     ``accumulate_grad_step`` must be 1 (the schedule already accumulates its microbatches)."""
@@ -115,7 +115,7 @@ def hsdp_stages(stages, shard_size: int = 1, threshold: float = 64, optimizer_le
                          "micro_batch_num microbatches before hsdp reduces them once: raise micro_batch_num")
     ranks = stage_dp_ranks(stages, dp_group)
     size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
-    return HSDPStages(stages, ranks, size, float(threshold), optimizer_level)
+    return HSDPStages(stages, ranks, size, float(threshold), optimizer_level, units)
 
 
 class _StageCells(nn.Cell):
@@ -132,15 +132,16 @@ class HSDPStages(HSDPCell):
     API applies (``describe``, ``trainable_params``, ``unsharded``, ``gather_full_params``,
     ``shard_optimizer``, ``collective_count``); ``train_step`` takes the schedule."""
 
-    per_unit = False   # level3: one gather of the rank's stage parameters per step
 
     def __init__(self, stages: Sequence, dp_ranks: Sequence[int], shard_size: int, threshold: float,
-                 level: str):
+                 level: str, units: Optional[Sequence[str]] = None):
         object.__setattr__(self, "stages", sorted(stages, key=lambda st: st.stage_index))
         super().__init__(_StageCells([st.cell for st in self.stages]), dp_ranks, shard_size, threshold,
-                         level, 1)
+                         level, 1, units=units)
         for st in self.stages:
             st.dp_reduced_by = self   # the runtime no longer all-reduces over st.dp_group
+            if self.units is not None:   # level3: shards outside the units; gradients are full-sized
+                st.weight_shapes = tuple(self.plans[id(p)].shape for p in st.params)
 
     def construct(self, *args, **kwargs):
         raise TypeError("hsdp over pipeline stages: the schedule runs the stages; use "
@@ -202,7 +203,12 @@ class PipelineTrainStep:
             mp_reducer = ModelParallelReducer(self.params, skip_axes=("dp",))
         loss_scale = float(dp) if sharded_model else 1.0
         reducer = GradReducer(plans, wrapped.level, wrapped.comm, 1.0 if sharded_model else 1.0 / dp)
-        updater = wrapped._updater(optimizer)
+        self.units = wrapped.units
+        updater = wrapped._updater(optimizer, params_sharded=self.units is not None)
+        if self.units is not None and mode == "jit":
+            self.units.make_islands()
+            for st in wrapped.stages:
+                st.compiled_inside = True
         clipper = None
         if max_grad_norm is not None:   # each stage's parameters live on one pipeline rank: sum over pp too
             pp_ranks = schedule.runtime(mode).pp_ranks
@@ -228,14 +234,14 @@ class PipelineTrainStep:
 
     def __call__(self, inputs=None, labels=None, config=None):
         wrapped = self.wrapped
-        level3 = wrapped.level == "level3"
-        if level3:
-            wrapped._unshard()      # one bucketed all-gather of this rank's sharded stage parameters
+        if self.units is not None and wrapped._full:
+            raise RuntimeError("hsdp level3: the train step runs on the shards (each unit gathers its own "
+                               "weights); call it outside `with wrapped.unsharded():`")
         loss = self.schedule.run(inputs, labels, mode=self.mode, config=config)
+        if self.units is not None:
+            self.units.check_closed()
         grads = tuple(wrapped.stages[si].grads[j] for si, j in self.source)
         local = loss if loss is not None else self._zero_loss
-        loss, shards, norm = self.fn(grads, local, *self.params)
-        if level3:
-            wrapped._reshard(shards)
+        loss, _, norm = self.fn(grads, local, *self.params)
         self.grad_norm = norm if self.clipping else None
         return loss if self.has_last else None

@@ -112,6 +112,11 @@ class PipelineStage:
         # set by hsdp when it reduces this stage's gradients and loss over dp itself (once per
         # step, reduce-scattered at level2/3); the runtime then leaves them local
         self.dp_reduced_by = None
+        # set by hsdp level3, whose parameters are shards outside the Cells that use them: the
+        # full shapes (of the weight gradients), and under jit that those Cells are compiled apart
+        # (the stage function itself then runs eagerly around them)
+        self.weight_shapes: Optional[Tuple[Tuple[int, ...], ...]] = None
+        self.compiled_inside = False
         self.params = ParameterTuple(cell.trainable_params())
         self.grads: Optional[Tuple[Tensor, ...]] = None
         self._fns: Dict[Tuple[str, str], Any] = {}
@@ -151,7 +156,7 @@ class PipelineStage:
             out = ops.GradOperation(get_by_list=True, sens_param=True)(fn, params)
         else:
             raise ValueError(kind)
-        if mode == "jit":
+        if mode == "jit" and not self.compiled_inside:
             # the stage's Parameters are passed as (trailing) arguments: a graph keeps the buffer
             # of a Parameter it captured, so set_data (checkpoint loading, hsdp level3's
             # shard/regather) would otherwise go unseen; passed ones are read at each call
@@ -341,7 +346,8 @@ class PipelineRuntime:
         for st in self.stages.values():
             # ops.zeros, not zeros_like: for a Parameter shrunk to its shard (set_data(slice_shape=True))
             # zeros_like was measured to return the pre-shrink shape under msrun (vocab-parallel embedding)
-            st.grads = tuple(ops.zeros(tuple(p.shape), p.dtype) for p in st.params)
+            shapes = st.weight_shapes or tuple(tuple(p.shape) for p in st.params)
+            st.grads = tuple(ops.zeros(shape, p.dtype) for shape, p in zip(shapes, st.params))
         for step in self.schedule.local_order:
             start = time.perf_counter() if self.record else 0.0
             done = self._execute(step, xs, ys, acts, grads, saved, losses, m)

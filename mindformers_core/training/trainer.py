@@ -22,6 +22,7 @@ See docs/quickstart.md.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -641,8 +642,13 @@ class Trainer:
         hc, mode = self.cfg.hsdp, "jit" if self.mode == 0 else "pynative"
         target = self.stages if self.pp > 1 else self.model
         try:
-            # level3 gathers a decoder layer's weights as one unit (before its forward and its backward)
-            units = ["decoder.layers.*"] if (hc.optimizer_level == "level3" and self.pp == 1) else None
+            # level3 gathers a decoder layer's weights as one unit (before its forward and its
+            # backward); the embedding, final norm and output layer are units of their own
+            cells = [c for t in (target if isinstance(target, list) else [target])
+                     for c in ([t.cell] if hasattr(t, "cell") else [t])]
+            pattern = "*decoder.layers.*"
+            has_layers = any(fnmatch.fnmatchcase(n, pattern) for c in cells for n, _ in c.cells_and_names())
+            units = [pattern] if (hc.optimizer_level == "level3" and has_layers) else None
             self.wrapped = hsdp(target, shard_size=int(hc.shard_size), threshold=float(hc.threshold),
                                 optimizer_level=hc.optimizer_level, accumulate_grad_step=1 if self.pp > 1
                                 else self.accumulate, units=units)

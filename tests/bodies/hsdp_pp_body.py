@@ -114,10 +114,13 @@ def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), max_no
             states = {_global_name(model, p.name): [tuple(s.shape) for s in opt.state_of(i)]
                       for i, p in enumerate(opt.parameters)}
             sharded = {_global_name(model, p.name): wrapped.plan_of(p).sharded for p in st.params}
+            gathers = wrapped.units.gathers if wrapped.units is not None else 0
+            units = len(wrapped.units.units) if wrapped.units is not None else 0
             full = wrapped.gather_full_params()
             out[f"{level}/{mode}" + ("+parallelized" if parallelized else "")] = {
                 "stage": stage, "losses": losses, "norms": norms, "held": held, "states": states,
-                "sharded": sharded, "collectives": wrapped.collective_count(),
+                "sharded": sharded, "collectives": wrapped.collective_count(), "gathers": gathers,
+                "units": units,
                 "runtime_reductions": runtime_reductions[0], "seconds": time.perf_counter() - start,
                 "weights": {_global_name(model, n): v for n, v in full.items()}}
     finally:
