@@ -98,7 +98,8 @@ def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), max_no
             start = time.perf_counter()
             model, st = _stage(stage, last, pp_ranks, stage_ranks, dp_group, micro_batch_num, parallelized)
             sched = Schedule1F1B(st, micro_batch_num)
-            wrapped = hsdp(st, shard_size=shard_size, threshold=THRESHOLD_KB, optimizer_level=level)
+            units = ["*decoder.layers.*"] if level == "level3" else None   # a layer = one unit
+            wrapped = hsdp(st, shard_size=shard_size, threshold=THRESHOLD_KB, optimizer_level=level, units=units)
             opt = AdamW(wrapped.trainable_params(), LR)
             step = wrapped.train_step(sched, opt, mode=mode, max_grad_norm=max_norm)
             data = batches()

@@ -47,7 +47,9 @@ def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), shard_
         parallelize(model, cfg, sample[:, :-1], sample[:, 1:])
         layout = model.mfc_sharding_plan.input_layouts[0]
         shape = sample[:, :-1].shape
-        wrapped = hsdp(model, shard_size=shard_size, threshold=0.5, optimizer_level=level)
+        # level3: a decoder layer is one unit (one compiled island under jit, not one per Linear)
+        units = ["decoder.layers.*"] if level == "level3" else None
+        wrapped = hsdp(model, shard_size=shard_size, threshold=0.5, optimizer_level=level, units=units)
         opt = AdamW(model.trainable_params(), LR)
         step = wrapped.train_step(wrapped, opt, mode=mode)
         losses = train(model, step, lambda a: a[layout.local_slice(shape, rank)])
