@@ -93,19 +93,25 @@ def describe_logs(log_dir: str, nproc: int, launcher_log: str, lines: int = 40) 
     return "\n".join(parts)
 
 
-def _wait(proc: subprocess.Popen, out_dir: str, deadline: float) -> bool:
-    """Wait for msrun to exit or the deadline; True if a worker reported an error first
-    (then the peers get a few seconds to report theirs before the tree is killed)."""
+def _wait(proc: subprocess.Popen, out_dir: str, deadline: float, nproc: int) -> str:
+    """Wait for msrun to exit, every rank's result, a worker's error, or the deadline. Returns
+    "exited", "results" (all ranks wrote their result: msrun's own teardown, measured at ~7 s
+    per launch, is not waited for), "error" (a worker reported an error; the peers got a few
+    seconds to report theirs) or "deadline"."""
     error_seen = None
+    expected = {f"rank_{r}.pkl" for r in range(nproc)}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            return False
-        if error_seen is None and any(n.endswith(".error") for n in os.listdir(out_dir)):
+            return "exited"
+        names = set(os.listdir(out_dir))
+        if expected <= names:
+            return "results"
+        if error_seen is None and any(n.endswith(".error") for n in names):
             error_seen = time.monotonic()
         if error_seen is not None and time.monotonic() - error_seen > 3:
-            return True
+            return "error"
         time.sleep(0.2)
-    return False
+    return "deadline"
 
 
 def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
@@ -121,6 +127,9 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
     log_dir = os.path.join(work_dir, "logs")
     out_dir = os.path.join(work_dir, "results")
     os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(out_dir):   # a reused work_dir: never read an earlier launch's results
+        if name.endswith((".pkl", ".error", ".tmp")):
+            os.remove(os.path.join(out_dir, name))
     launcher_log = os.path.join(work_dir, "msrun.log")
     cmd = [msrun_executable(), f"--worker_num={nproc}", f"--local_worker_num={nproc}",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", f"--log_dir={log_dir}",
@@ -135,14 +144,15 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env({**threads, **(env or {})}),
                                 cwd=work_dir, start_new_session=True)
         try:
-            failed_early = _wait(proc, out_dir, start + timeout)
-            if proc.poll() is None and not failed_early:
+            outcome = _wait(proc, out_dir, start + timeout, nproc)
+            failed_early = outcome == "error"
+            if outcome == "deadline":
                 raise MsrunError(f"msrun {target} on {nproc} ranks exceeded {timeout:.0f}s and was "
                                  f"killed\n{describe_logs(log_dir, nproc, launcher_log)}")
         finally:
             kill_tree(proc.pid)  # no orphans, whatever happened
             proc.wait()
-    rc = proc.returncode
+    rc = 0 if outcome == "results" else proc.returncode   # killed after every rank delivered
     results, missing = [], []
     for r in range(nproc):
         path = os.path.join(out_dir, f"rank_{r}.pkl")
