@@ -30,6 +30,8 @@ import mindspore as ms
 from mindspore import Parameter, nn
 from mindspore.common.api import _no_grad, _pynative_executor
 
+from ..sharding.boundary import inner_attribute
+
 
 def _wait_for_pending_kernels() -> None:
     """PyNative launches kernels asynchronously: a kernel may still read a buffer we drop."""
@@ -86,14 +88,7 @@ class Island(nn.Cell):
         object.__setattr__(self, "_compiled", ms.jit(call))
         object.__setattr__(self, "_island_params", params)
 
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            cells = self.__dict__.get("_cells")
-            if cells is None or "inner" not in cells:
-                raise
-            return getattr(cells["inner"], name)
+    __getattr__ = inner_attribute
 
     def construct(self, *args):
         return self._compiled(*args, *self._island_params)
@@ -127,6 +122,11 @@ class UnitGathering:
         ids += [id(x) for x in inputs if isinstance(x, Parameter) and id(x) in self.sharded]
         return tuple(dict.fromkeys(ids))
 
+    def _gathered_bytes(self, p) -> int:
+        """Bytes a gathered parameter holds beyond its shard."""
+        plan = self.wrapped.plan_of(p)
+        return (plan.numel - plan.numel // self.wrapped.shard_size) * p.itemsize
+
     def _open(self, ids: Sequence[int]) -> None:
         need = [i for i in ids if self.open_count.get(i, 0) == 0]
         for i in ids:
@@ -141,8 +141,7 @@ class UnitGathering:
         for p, full in zip(params, fulls):
             self.saved_shards[id(p)] = p.value()
             p.set_data(full, slice_shape=True)
-            plan = self.wrapped.plan_of(p)
-            self.held_bytes += (plan.numel - plan.numel // self.wrapped.shard_size) * p.itemsize
+            self.held_bytes += self._gathered_bytes(p)
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
 
     def _close(self, ids: Sequence[int]) -> None:
@@ -157,8 +156,7 @@ class UnitGathering:
         for i in done:
             p = self.sharded[i]
             p.set_data(self.saved_shards.pop(i), slice_shape=True)
-            plan = self.wrapped.plan_of(p)
-            self.held_bytes -= (plan.numel - plan.numel // self.wrapped.shard_size) * p.itemsize
+            self.held_bytes -= self._gathered_bytes(p)
 
     def reset_peak(self) -> None:
         self.peak_held_bytes = self.held_bytes

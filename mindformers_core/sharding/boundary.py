@@ -97,6 +97,18 @@ class Passthrough(CommCell):
         return x
 
 
+def inner_attribute(self, name):
+    """``__getattr__`` of a Cell wrapping another as ``self.inner``: the wrapped Cell's attributes
+    stay reachable (``model.decoder.layer_numbers``)."""
+    try:
+        return nn.Cell.__getattr__(self, name)
+    except AttributeError:
+        cells = self.__dict__.get("_cells")
+        if cells is None or "inner" not in cells:
+            raise
+        return getattr(cells["inner"], name)
+
+
 class ShardedCall(CommCell):
     """Calls ``inner`` with its tensor arguments redistributed and its outputs redistributed."""
 
@@ -109,15 +121,7 @@ class ShardedCall(CommCell):
         self.n_post = len(post)
         self.single_output = single_output
 
-    def __getattr__(self, name):
-        """Attributes of the wrapped Cell stay reachable (``model.decoder.layer_numbers``)."""
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            cells = self.__dict__.get("_cells")
-            if cells is None or "inner" not in cells:
-                raise
-            return getattr(cells["inner"], name)
+    __getattr__ = inner_attribute
 
     def construct(self, *args):
         new_args = ()
