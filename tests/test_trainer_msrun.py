@@ -176,6 +176,10 @@ PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, li
         "--hsdp.optimizer_level", "level2", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 1,
         "--parallel.pipeline_config.pipeline_scheduler", "zbv"] + NO_CHECKPOINTS),
     "dp2_tp2_hsdp_level3": (1, DP2_TP2 + HSDP + ["--hsdp.optimizer_level", "level3"] + EVERY_STEP),
+    # without tensor parallel: the embedding is a plain lookup whose full shape parallelize's trace cached
+    "dp4_hsdp_level3": (0, HSDP + ["--use_parallel", "True", "--parallel_config.data_parallel", 4,
+                                   "--runner_config.batch_size", 1, "--hsdp.optimizer_level", "level3"]
+                        + NO_CHECKPOINTS),
     "pp2_tp2_interleaved_accumulate2": (0, PP2 + VIRTUAL + [
         "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 1,
         "--runner_config.gradient_accumulation_steps", 2,

@@ -26,6 +26,7 @@ from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
 from . import plan as P
 from .step import Accumulate, Comm, Drain, Gather, GradReducer, ShardedUpdate, accumulation_buffers
+from ..sharding.parallelize import forget_cached_shapes
 from .units import UnitGathering
 
 _IDS = itertools.count()
@@ -180,6 +181,7 @@ class HSDPCell(nn.Cell):
             fulls = self.gather(tuple(p for p, _ in pairs))
             for (p, _), full in zip(pairs, fulls):
                 p.set_data(full, slice_shape=True)
+            forget_cached_shapes()
         self._full = True
 
     def _reshard(self, shards: Optional[Sequence[Tensor]] = None) -> None:
@@ -193,9 +195,13 @@ class HSDPCell(nn.Cell):
                     shards.append(None)   # already a shard
                     continue
                 shards.append(Tensor(self.shard_of(p, p.asnumpy())))
+        resized = False
         for (p, _), s in zip(pairs, shards):
             if s is not None:
                 p.set_data(s, slice_shape=True)
+                resized = True
+        if resized:   # e.g. a lookup traced by parallelize on the full table cached its shape
+            forget_cached_shapes()
         self._full = False
 
     @contextlib.contextmanager

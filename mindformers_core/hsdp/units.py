@@ -137,9 +137,13 @@ class UnitGathering:
         gather = self.wrapped.unit_gather([self.wrapped.plan_of(p) for p in params])
         with _no_grad():   # the gather is not part of the model: keep it off the autograd tape
             fulls = gather(tuple(params))
+            # a real copy of the shard: ``p.value()`` (Load) answers with PyNative's cached abstract
+            # of ``p`` (stale after a reshape in place) and ``ops.identity`` aliases ``p``'s storage
+            shards = [p.copy() for p in params]
         self.gathers += 1
-        for p, full in zip(params, fulls):
-            self.saved_shards[id(p)] = p.value()
+        _wait_for_pending_kernels()   # the gather and the copies read ``p`` before it is swapped
+        for p, full, shard in zip(params, fulls, shards):
+            self.saved_shards[id(p)] = shard
             p.set_data(full, slice_shape=True)
             self.held_bytes += self._gathered_bytes(p)
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
