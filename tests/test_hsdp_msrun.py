@@ -66,6 +66,7 @@ def _check_parity(results, configs, references, nproc):
                 state = r["state_shapes"][f"adam_m.{name}"]
                 assert state == (shard_shape if sharded else full), f"{cfg} {name} state {state}"
                 for held in r["held"]:
+                    assert held.get("saved shards left", 0) == 0, f"{cfg}: {held}"
                     want = shard_shape if (sharded and level == "level3") else full
                     assert held[name] == want, f"{cfg} {name} held {held[name]} after a step"
 

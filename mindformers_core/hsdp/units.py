@@ -27,7 +27,7 @@ import fnmatch
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
-from mindspore import Parameter, nn
+from mindspore import Parameter, mint, nn
 from mindspore.common.api import _no_grad, _pynative_executor
 
 from ..sharding.boundary import inner_attribute
@@ -137,9 +137,10 @@ class UnitGathering:
         gather = self.wrapped.unit_gather([self.wrapped.plan_of(p) for p in params])
         with _no_grad():   # the gather is not part of the model: keep it off the autograd tape
             fulls = gather(tuple(params))
-            # a real copy of the shard: ``p.value()`` (Load) answers with PyNative's cached abstract
-            # of ``p`` (stale after a reshape in place) and ``ops.identity`` aliases ``p``'s storage
-            shards = [p.copy() for p in params]
+            # a real copy of the shard (x * 1 is exact): ``p.value()`` answers with PyNative's cached
+            # abstract of ``p`` (stale after a reshape in place), ``ops.identity`` aliases ``p``'s
+            # storage and ``Parameter.copy`` keeps every clone alive in ``p.param_info``
+            shards = [mint.mul(p, 1) for p in params]
         self.gathers += 1
         _wait_for_pending_kernels()   # the gather and the copies read ``p`` before it is swapped
         for p, full, shard in zip(params, fulls, shards):

@@ -99,7 +99,10 @@ def train(level, shard_size, mode, accumulate=1, max_grad_norm=None, steps=STEPS
             before = after
         counts.append(per_micro)
         losses.append(float(loss.asnumpy()))
-        held.append({p.name: tuple(p.shape) for p in wrapped.trainable_params()})
+        # the data's shape (``p.shape`` is Python-side and can disagree with it)
+        held.append({p.name: p.asnumpy().shape for p in wrapped.trainable_params()})
+        if wrapped.units is not None:
+            held[-1]["saved shards left"] = len(wrapped.units.saved_shards)
     peak = wrapped.units.peak_held_bytes if wrapped.units is not None else None
     plans = {p.name: (wrapped.plan_of(p).sharded, wrapped.plan_of(p).shard_shape)
              for p in wrapped.trainable_params()}
