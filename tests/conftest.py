@@ -1,6 +1,21 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from mindformers_core.testing.jit_guard import install_guard  # noqa: E402
+
+_GUARD = install_guard()
+
+
+@pytest.fixture(autouse=True)
+def no_jit_recompiles_per_call():
+    """A jit function handed a tuple of Tensors recompiles at every call: fail the test."""
+    _GUARD.seen.clear()
+    yield
+    if _GUARD.seen:
+        pytest.fail(_GUARD.report())

@@ -444,7 +444,8 @@ class TrainStep:
             units.reset_peak()
             loss, grads = grad_fn(*args[:n])
             units.check_closed()
-            return grads, loss
+            # a plain tuple of Tensors is a constant to ms.jit: recompiled at every call
+            return (ms.mutable(tuple(grads)) if jit else grads), loss
 
         def micro_step(*args):
             return add(*gradients(args))

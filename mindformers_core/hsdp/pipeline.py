@@ -242,6 +242,8 @@ class PipelineTrainStep:
             self.units.check_closed()
         grads = tuple(wrapped.stages[si].grads[j] for si, j in self.source)
         local = loss if loss is not None else self._zero_loss
+        if self.mode == "jit":   # a plain tuple of Tensors is a constant to ms.jit: recompiled per call
+            grads = ms.mutable(grads)
         loss, _, norm = self.fn(grads, local, *self.params)
         self.grad_norm = norm if self.clipping else None
         return loss if self.has_last else None

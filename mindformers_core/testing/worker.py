@@ -10,6 +10,8 @@ import pickle
 import sys
 import traceback
 
+from mindformers_core.testing.jit_guard import install_guard
+
 
 def main(argv):
     target, out_dir, kwargs = argv[1], argv[2], json.loads(argv[3])
@@ -24,8 +26,11 @@ def main(argv):
     os.environ["MFC_ERROR_FILE"] = os.path.join(out_dir, f"rank_{env.rank}.error")
     module_name, func_name = target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
+    guard = install_guard()
     try:
         result = func(**kwargs)
+        if guard.seen:
+            raise RuntimeError(guard.report())
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)

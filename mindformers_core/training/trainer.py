@@ -687,7 +687,8 @@ class Trainer:
             loss, grads = self.grads_of(ids[i * rows:(i + 1) * rows], labels[i * rows:(i + 1) * rows])
             total = total + loss
             summed = grads if summed is None else tuple(a + g for a, g in zip(summed, grads))
-        norm = self.update_fn(summed)
+        # a plain tuple of Tensors is a constant to ms.jit: it would recompile at every step
+        norm = self.update_fn(ms.mutable(summed) if self.mode == 0 else summed)
         return total / k, norm
 
     # ------------------------------------------------------------------ checkpoints
