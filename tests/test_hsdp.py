@@ -340,3 +340,53 @@ def test_level3_units_argument_checks(monkeypatch):
         hsdp(_Model(), dp_group=[0, 1], optimizer_level="level2", units=["layers.*"])
     with pytest.raises(ValueError, match=r"units='layers\.\*' must be a list of Cell-name patterns"):
         hsdp(_Model(), dp_group=[0, 1], optimizer_level="level3", units="layers.*")
+
+
+class _IdentityWrapper:
+    """What UnitGathering needs from an HSDPCell, one process: every weight 'sharded', gathered
+    by the identity (so outputs must equal the plain model's)."""
+
+    def __init__(self, network):
+        from types import SimpleNamespace
+        self.network, self.shard_size, self._full = network, 1, False
+        self.params = [p for p in network.get_parameters() if "bias" not in p.name]
+        self.plan = SimpleNamespace(numel=0)
+
+    def _sharded(self):
+        return [(p, self.plan) for p in self.params]
+
+    def plan_of(self, p):
+        return self.plan
+
+    def unit_gather(self, plans):
+        return lambda params: tuple(ops.mul(p, 1) for p in params)
+
+
+def test_level3_jit_islands_replace_units_inside_sequential_cells():
+    """make_islands swaps each unit in its parent; nn.SequentialCell calls its own list of cells,
+    so that list must see the island too (else the unit runs unhooked on its shard: found with
+    bench/hsdp.py's MLP of Dense/GELU/Dense blocks)."""
+    from mindformers_core.hsdp.units import Island, UnitGathering
+
+    class Blocks(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            ms.set_seed(1)
+            self.blocks = nn.CellList([nn.SequentialCell(nn.Dense(4, 8), nn.GELU(), nn.Dense(8, 4))
+                                       for _ in range(2)])
+
+        def construct(self, x):
+            for block in self.blocks:
+                x = x + block(x)
+            return x
+    net = Blocks()
+    x = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4) / 8)
+    want = net(x).asnumpy()
+    units = UnitGathering(_IdentityWrapper(net))
+    assert [n for n, _ in units.units] == ["blocks.0.0", "blocks.0.2", "blocks.1.0", "blocks.1.2"]
+    units.make_islands()
+    assert all(isinstance(c, Island) for seq in net.blocks for c in (seq.cell_list[0], seq.cell_list[2]))
+    got = net(x).asnumpy()
+    assert units.gathers == 4       # every unit's forward pre-hook ran (one gather each)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not units.saved_shards and units.held_bytes == 0

@@ -229,6 +229,8 @@ class UnitGathering:
             parent._cells[key] = island
             if key in parent.__dict__:
                 object.__setattr__(parent, key, island)
+            if isinstance(parent.__dict__.get("cell_list"), list):   # nn.SequentialCell calls its copy
+                object.__setattr__(parent, "cell_list", list(parent._cells.values()))
             for handle in self._handles.pop(id(cell)):   # no hooks inside a graph
                 handle.remove()
             self._calls.pop(id(cell), None)
