@@ -24,9 +24,9 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
+from ..sharding.parallelize import forget_cached_shapes
 from . import plan as P
 from .step import Accumulate, Comm, Drain, Gather, GradReducer, ShardedUpdate, accumulation_buffers
-from ..sharding.parallelize import forget_cached_shapes
 from .units import UnitGathering
 
 _IDS = itertools.count()

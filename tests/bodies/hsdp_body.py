@@ -84,7 +84,7 @@ def train(level, shard_size, mode, accumulate=1, max_grad_norm=None, steps=STEPS
         step = wrapped.train_step(Loss(wrapped), opt, mode=mode, max_grad_norm=max_grad_norm)
     seen = _probe_level3(net, wrapped) if level == "level3" else []
     rows = GLOBAL_BATCH // dp
-    losses, held, counts = [], [], []
+    losses, held, counts, saved_left = [], [], [], []
     for s in range(steps):
         x, y = data(s)
         x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
@@ -101,15 +101,15 @@ def train(level, shard_size, mode, accumulate=1, max_grad_norm=None, steps=STEPS
         losses.append(float(loss.asnumpy()))
         # the data's shape (``p.shape`` is Python-side and can disagree with it)
         held.append({p.name: p.asnumpy().shape for p in wrapped.trainable_params()})
-        if wrapped.units is not None:
-            held[-1]["saved shards left"] = len(wrapped.units.saved_shards)
+        saved_left.append(len(wrapped.units.saved_shards) if wrapped.units is not None else 0)
     peak = wrapped.units.peak_held_bytes if wrapped.units is not None else None
     plans = {p.name: (wrapped.plan_of(p).sharded, wrapped.plan_of(p).shard_shape)
              for p in wrapped.trainable_params()}
     state_shapes = {s.name: tuple(s.shape) for i in range(len(opt.parameters)) for s in opt.state_of(i)}
     param_bytes = sum(p.nbytes for p in wrapped.trainable_params())
     return {"losses": losses, "params": wrapped.gather_full_params(), "held": held, "plans": plans,
-            "counts": counts, "state_shapes": state_shapes, "param_bytes": param_bytes,
+            "counts": counts, "saved_shards_left": saved_left, "state_shapes": state_shapes,
+            "param_bytes": param_bytes,
             "describe": wrapped.describe(), "seen": seen, "peak_held_bytes": peak}
 
 
