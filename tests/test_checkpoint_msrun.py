@@ -1,6 +1,7 @@
 """4 real msrun ranks save dp2 x tp2 shards with the comm barrier; this (single) process loads
 them resharded into tp4 and into full tensors."""
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -8,15 +9,20 @@ import pytest
 from mindformers_core.checkpoint import (checkpoint_specs, list_steps, load_checkpoint, load_optimizer_state,
                                          load_training_state, read_tracker)
 from mindformers_core.sharding import Layout
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.bodies.checkpoint_body import expected_globals
 
 pytestmark = pytest.mark.msrun
 
 
-def test_msrun_save_then_reshard_load(tmp_path):
-    d = str(tmp_path / "ckpt")
-    results = run_msrun("tests.bodies.checkpoint_body:run", 4, kwargs={"directory": d, "step": 3}, timeout=120)
+SAVE_4 = job("checkpoint_save_4", 4, "tests.bodies.checkpoint_body:run",
+             lambda: {"directory": os.path.join(tempfile.mkdtemp(prefix="mfc_ckpt_"), "ckpt"), "step": 3},
+             timeout=120, group=__name__)
+
+
+def test_msrun_save_then_reshard_load():
+    results = SAVE_4.results()
+    d = SAVE_4.used_kwargs["directory"]
     assert [r["rank"] for r in results] == [0, 1, 2, 3] and all(r["world"] == 4 for r in results)
     assert all(r["path"] == os.path.join(d, "step_3") for r in results)
     assert read_tracker(d) == 3 and list_steps(d) == [3]

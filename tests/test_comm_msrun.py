@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.bodies.comm_body import OPS
 from tests.comm_reference import backward, forward
 
@@ -23,16 +23,19 @@ CASES_4 = ([["world", "float32", "pynative", False], ["world", "float32", "jit",
            + [["dp", "float32", "jit", False], ["tp", "float16", "jit", False]])
 
 
+COMM_2 = job("comm_2", 2, "tests.bodies.comm_body:run", {"cases": CASES_2}, timeout=400, group=__name__)
+COMM_4 = job("comm_4", 4, "tests.bodies.comm_body:run",
+             {"cases": CASES_4, "mesh_shape": [2, 2], "parallel_state": True}, timeout=600, group=__name__)
+
+
 @pytest.fixture(scope="module")
 def ranks2():
-    return run_msrun("tests.bodies.comm_body:run", 2, kwargs={"cases": CASES_2}, timeout=400)
+    return COMM_2.results()
 
 
 @pytest.fixture(scope="module")
 def ranks4():
-    return run_msrun("tests.bodies.comm_body:run", 4,
-                     kwargs={"cases": CASES_4, "mesh_shape": [2, 2], "parallel_state": True},
-                     timeout=600)
+    return COMM_4.results()
 
 
 def _check_cases(results, cases):

@@ -4,7 +4,7 @@ steps and the final weights merged from every rank (relative 1e-5), PyNative and
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.bodies.gpt_tp_body import reference
 from tests.test_gpt_tp_msrun import TOL, _merge
 
@@ -28,12 +28,17 @@ def _check(results, ref, key_prefix, modes=("pynative", "jit")):
             assert err <= TOL, f"{key}: weight {name} differs by {err:.2e}"
 
 
+PP2_TP2_SP = job("gpt_pp2_tp2_sp", 4, "tests.bodies.gpt_pp_tp_body:run",
+                 {"pp": 2, "dp": 1, "tp": 2, "sp": True, "modes": ("jit",)}, timeout=900, group=__name__)
+PP2_DP2_TP2 = job("gpt_pp2_dp2_tp2", 8, "tests.bodies.gpt_pp_tp_body:run",
+                  {"pp": 2, "dp": 2, "tp": 2, "modes": ("pynative",)}, timeout=1200, group=__name__)
+
+
 def test_pp2_tp2_with_sequence_parallel_on_4_ranks():
     # jit here, PyNative on 8 ranks below; the trainer's pp2 x tp2 + SP 1F1B job (PyNative) and
     # pp2 x tp2 interleaved job (jit) cover both modes again end to end
     ref = reference(("jit",))
-    results = run_msrun("tests.bodies.gpt_pp_tp_body:run", 4, timeout=900,
-                        kwargs={"pp": 2, "dp": 1, "tp": 2, "sp": True, "modes": ("jit",)})
+    results = PP2_TP2_SP.results()
     _check(results, ref, "pp2_dp1_tp2_sp", modes=("jit",))
 
 
@@ -41,6 +46,5 @@ def test_pp2_dp2_tp2_on_8_ranks():
     # PyNative only: 8 workers on 2 cores make every compile 8 compiles; jit with pipeline x tensor
     # parallel is proven on 4 ranks above, and with data parallel by the trainer (pp2 x dp2 ZBV, jit)
     ref = reference(("pynative",))
-    results = run_msrun("tests.bodies.gpt_pp_tp_body:run", 8, timeout=1200,
-                        kwargs={"pp": 2, "dp": 2, "tp": 2, "modes": ("pynative",)})
+    results = PP2_DP2_TP2.results()
     _check(results, ref, "pp2_dp2_tp2", modes=("pynative",))

@@ -4,11 +4,15 @@ The layers only declare layouts (shard()); propagation derives the rest."""
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.bodies.gpt_tp_body import reference
 
 pytestmark = pytest.mark.msrun
 TOL = 1e-5
+TP2 = job("gpt_tp2", 2, "tests.bodies.gpt_tp_body:run",
+          {"configs": {"tp2": (1, 2, False), "tp2_sp": (1, 2, True)}}, timeout=600, group=__name__)
+TP4 = job("gpt_tp4", 4, "tests.bodies.gpt_tp_body:run",
+          {"configs": {"tp4": (1, 4, False), "dp2_tp2": (2, 2, False)}}, timeout=900, group=__name__)
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +48,10 @@ def _check(results, ref, names):
 
 
 def test_tp2_and_tp2_sequence_parallel(single_process):
-    configs = {"tp2": (1, 2, False), "tp2_sp": (1, 2, True)}
-    results = run_msrun("tests.bodies.gpt_tp_body:run", 2, timeout=600, kwargs={"configs": configs})
-    _check(results, single_process, configs)
+    _check(TP2.results(), single_process, TP2.kwargs["configs"])
     # the losses really decrease (the model trains)
     assert single_process["pynative"]["losses"][-1] < single_process["pynative"]["losses"][0]
 
 
 def test_tp4_and_dp2_tp2(single_process):
-    configs = {"tp4": (1, 4, False), "dp2_tp2": (2, 2, False)}
-    results = run_msrun("tests.bodies.gpt_tp_body:run", 4, timeout=900, kwargs={"configs": configs})
-    _check(results, single_process, configs)
+    _check(TP4.results(), single_process, TP4.kwargs["configs"])

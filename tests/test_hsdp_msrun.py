@@ -6,7 +6,7 @@ collectives only on the last micro-step, global-norm clipping, level3 holding on
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.bodies import hsdp_body as body
 
 pytestmark = pytest.mark.msrun
@@ -31,6 +31,13 @@ def _configs(shard_sizes, accumulate_sizes=(), clip=()):
                 configs.append([level, s, mode, 2, None])
     configs += [list(c) for c in clip]
     return configs
+
+
+CONFIGS_2 = _configs([1, 2]) + [["level3", 2, "manual", 1, None]]
+CLIP_4 = [("level2", 2, "jit", 1, 0.05)]
+CONFIGS_4 = _configs([4], accumulate_sizes=[2], clip=CLIP_4)
+HSDP_2 = job("hsdp_2", 2, "tests.bodies.hsdp_body:run", {"configs": CONFIGS_2}, timeout=300, group=__name__)
+HSDP_4 = job("hsdp_4", 4, "tests.bodies.hsdp_body:run", {"configs": CONFIGS_4}, timeout=400, group=__name__)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +81,8 @@ def _check_parity(results, configs, references, nproc):
 def test_parity_2_ranks(references):
     """2 ranks: pure data parallel (shard_size=1) and full ZeRO (shard_size=2) at every level;
     level3 through the manual pair (reduce_gradients / apply_gradients on the shards) too."""
-    configs = _configs([1, 2]) + [["level3", 2, "manual", 1, None]]
-    results = run_msrun("tests.bodies.hsdp_body:run", 2, kwargs={"configs": configs}, timeout=300)
+    configs = CONFIGS_2
+    results = HSDP_2.results()
     _check_parity(results, configs, references, 2)
     _check_level3_gathers_per_unit(results, 2)
 
@@ -83,9 +90,8 @@ def test_parity_2_ranks(references):
 def test_parity_4_ranks_accumulation_and_clipping(references):
     """4 ranks: full ZeRO (shard_size=4) at every level; hybrid shard_size=2 (shard groups [0,1],
     [2,3], replica groups [0,2], [1,3]) with 2 accumulated micro-steps; clipping."""
-    clip = [("level2", 2, "jit", 1, 0.05)]
-    configs = _configs([4], accumulate_sizes=[2], clip=clip)
-    results = run_msrun("tests.bodies.hsdp_body:run", 4, kwargs={"configs": configs}, timeout=400)
+    clip, configs = CLIP_4, CONFIGS_4
+    results = HSDP_4.results()
     _check_parity(results, configs, references, 4)
     _check_level3_gathers_per_unit(results, 4)
     # clipping was active: the clipped run differs from the unclipped one

@@ -6,7 +6,7 @@ reduction runs once per step (not per microbatch) and replaces the runtime's all
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.bodies.gpt_tp_body import STEPS
 from tests.bodies.hsdp_pp_body import PP, reference
 
@@ -81,6 +81,8 @@ def _check(results, ref, keys):
 # the optimizer-state-only level, is the 2- and 4-rank MLP tests' and the trainer's business) (one process per
 # config costs a compile per stage function on 2 cores; the cross product took over 10 minutes)
 CONFIGS = [["level2", "pynative", False], ["level3", "jit", False], ["level3", "pynative", True]]
+HSDP_PP2_DP2 = job("hsdp_pp2_dp2", 4, "tests.bodies.hsdp_pp_body:run", {"configs": CONFIGS, "max_norm": MAX_NORM},
+                   timeout=1200, group=__name__)
 
 
 def test_hsdp_levels_on_pp2_dp2_stages(single_process):
@@ -88,6 +90,5 @@ def test_hsdp_levels_on_pp2_dp2_stages(single_process):
     runtime's data-parallel all-reduce. Stages sharded by parallelize over a dp axis (the
     pp x dp x tp path): hsdp finds the dp group in each stage's sharding plan and sums the
     dp-partial gradients."""
-    results = run_msrun("tests.bodies.hsdp_pp_body:run", 4, timeout=1200,
-                        kwargs={"configs": CONFIGS, "max_norm": MAX_NORM})
+    results = HSDP_PP2_DP2.results()
     _check(results, single_process, [f"{lv}/{m}" + ("+parallelized" if par else "") for lv, m, par in CONFIGS])

@@ -3,7 +3,7 @@ hsdp (shard_size 2 over the plan's dp axis) at level1/2/3, equals one process (A
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.bodies.hsdp_tp_body import reference
 from tests.test_gpt_tp_msrun import _merge
 
@@ -14,14 +14,19 @@ LOSS_TOL = 1e-5
 WEIGHT_TOL = 1e-4
 
 
+# each level once, both modes among them (every level in both modes is proven on the MLP in
+# test_hsdp_msrun.py; here the point is the composition with tensor parallel). level3 in jit
+# runs each unit as a compiled island inside the parallelized model; level3 PyNative on
+# dp2 x tp2 is the trainer's hsdp job in tests/test_trainer_msrun.py
+CONFIGS = [["level1", "jit"], ["level2", "pynative"], ["level3", "jit"]]
+HSDP_DP2_TP2 = job("hsdp_dp2_tp2", 4, "tests.bodies.hsdp_tp_body:run", {"configs": CONFIGS}, timeout=900,
+                   group=__name__)
+
+
 def test_hsdp_levels_on_dp2_tp2():
     ref_losses, ref_weights = reference()
-    # each level once, both modes among them (every level in both modes is proven on the MLP in
-    # test_hsdp_msrun.py; here the point is the composition with tensor parallel). level3 in jit
-    # runs each unit as a compiled island inside the parallelized model; level3 PyNative on
-    # dp2 x tp2 is the trainer's hsdp job in tests/test_trainer_msrun.py
-    configs = [["level1", "jit"], ["level2", "pynative"], ["level3", "jit"]]
-    results = run_msrun("tests.bodies.hsdp_tp_body:run", 4, timeout=900, kwargs={"configs": configs})
+    configs = CONFIGS
+    results = HSDP_DP2_TP2.results()
     assert sorted(results[0]) == sorted(f"{lv}/{m}" for lv, m in configs)
     for key in results[0]:
         for rank, per_rank in enumerate(results):

@@ -5,10 +5,18 @@ import numpy as np
 import pytest
 
 from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from mindformers_core.testing.msrun import MsrunError
 
 pytestmark = pytest.mark.msrun
 ALL = ["gpipe", "1f1b", "interleaved", "zb_h1", "zbv"]
+PP4_SCHEDULES = ["1f1b", "interleaved"]
+PP2 = job("pipeline_pp2", 2, "tests.bodies.pipeline_body:run_all",
+          {"schedules": ALL, "modes": ["pynative", "jit"]}, timeout=600, group=__name__)
+PP4 = job("pipeline_pp4", 4, "tests.bodies.pipeline_body:run_all",
+          {"schedules": PP4_SCHEDULES, "modes": ["pynative", "jit"]}, timeout=600, group=__name__)
+PP2_DP2 = job("pipeline_pp2_dp2", 4, "tests.bodies.pipeline_body:run_with_dp",
+              {"schedule": "1f1b", "modes": ["pynative", "jit"]}, timeout=600, group=__name__)
 
 
 def _check(results, schedules, modes, stage_num_of):
@@ -32,22 +40,17 @@ def _check(results, schedules, modes, stage_num_of):
 
 
 def test_every_schedule_pp2():
-    results = run_msrun("tests.bodies.pipeline_body:run_all", 2, timeout=600,
-                        kwargs={"schedules": ALL, "modes": ["pynative", "jit"]})
+    results = PP2.results()
     _check(results, ALL, ["pynative", "jit"], lambda n: 4 if n in ("interleaved", "zbv") else 2)
 
 
 def test_pp4_1f1b_and_interleaved():
-    schedules = ["1f1b", "interleaved"]
-    results = run_msrun("tests.bodies.pipeline_body:run_all", 4, timeout=600,
-                        kwargs={"schedules": schedules, "modes": ["pynative", "jit"]})
-    _check(results, schedules, ["pynative", "jit"], lambda n: 8 if n == "interleaved" else 4)
+    _check(PP4.results(), PP4_SCHEDULES, ["pynative", "jit"], lambda n: 8 if n == "interleaved" else 4)
 
 
 def test_pp2_with_data_parallel_2():
     """4 ranks: pipeline pairs [0,2], [1,3]; data-parallel pairs [0,1], [2,3]; a 16-row batch."""
-    results = run_msrun("tests.bodies.pipeline_body:run_with_dp", 4, timeout=600,
-                        kwargs={"schedule": "1f1b", "modes": ["pynative", "jit"]})
+    results = PP2_DP2.results()
     for mode in ("pynative", "jit"):
         per_rank = [r[mode] for r in results]
         assert [r["dp"] for r in per_rank] == [[0, 1], [0, 1], [2, 3], [2, 3]]

@@ -4,7 +4,7 @@ gradient equal the run without it, in PyNative and under ms.jit. One launch cove
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 
 pytestmark = pytest.mark.msrun
 
@@ -20,10 +20,13 @@ EXPECTED_UNITS = {   # rank -> config -> units (stage 0 holds layers 0-1, stage 
 }
 
 
+RECOMPUTE_PP2 = job("recompute_pp2", 2, "tests.bodies.recompute_body:run",
+                    {"modes": list(CONFIGS), "configs": CONFIGS}, timeout=240, group=__name__)
+
+
 @pytest.fixture(scope="module")
 def results():
-    return run_msrun("tests.bodies.recompute_body:run", 2, timeout=240,
-                     kwargs={"modes": list(CONFIGS), "configs": CONFIGS})
+    return RECOMPUTE_PP2.results()
 
 
 @pytest.mark.parametrize("mode", list(CONFIGS))

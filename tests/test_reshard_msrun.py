@@ -2,7 +2,7 @@
 (including partial sources and targets), PyNative and ms.jit, and a pipeline-stage hand-off."""
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 
 pytestmark = pytest.mark.msrun
 
@@ -21,9 +21,16 @@ def _check(results, count, jit_count):
     return kinds
 
 
+RESHARD_4 = job("reshard_4", 4, "tests.bodies.reshard_body:run",
+                {"device_matrix": [2, 2], "alias": ["dp", "tp"], "count": 12, "jit_count": 3},
+                timeout=400, group=__name__)
+RESHARD_8 = job("reshard_8", 8, "tests.bodies.reshard_body:run",
+                {"device_matrix": [2, 2, 2], "alias": ["pp", "dp", "tp"], "count": 5, "jit_count": 1, "seed": 1},
+                timeout=600, group=__name__)
+
+
 def test_reshard_4_ranks_2x2_mesh():
-    results = run_msrun("tests.bodies.reshard_body:run", 4, timeout=400, kwargs={
-        "device_matrix": [2, 2], "alias": ["dp", "tp"], "count": 12, "jit_count": 3})
+    results = RESHARD_4.results()
     kinds = _check(results, 12, 3)
     assert {"all_gather", "all_to_all", "reduce_scatter"} <= kinds
     handoff = [e for entries in results for e in entries if "p2p" in e]
@@ -32,8 +39,6 @@ def test_reshard_4_ranks_2x2_mesh():
 
 
 def test_reshard_8_ranks_2x2x2_mesh():
-    results = run_msrun("tests.bodies.reshard_body:run", 8, timeout=600, kwargs={
-        "device_matrix": [2, 2, 2], "alias": ["pp", "dp", "tp"], "count": 5, "jit_count": 1,
-        "seed": 1})
+    results = RESHARD_8.results()
     kinds = _check(results, 5, 1)
     assert len(kinds) >= 3

@@ -3,10 +3,21 @@ model without any, parallelized by a plan of styles: "plain", "plain_sp") give t
 loss and gradients (relative 1e-5), in PyNative and under ms.jit."""
 import pytest
 
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 
 pytestmark = pytest.mark.msrun
 TOL = 1e-5
+# "plain" / "plain_sp": nn.Dense layers without shard(), parallelized by a plan of styles
+# (ColWise/RowWise, and SequenceParallel with reduce-scatter outputs)
+TP2_MODELS = ["mlp", "attention", "block", "sp_mlp", "block_sp", "plain", "plain_sp"]
+DP2_TP2_MODELS = ["mlp", "block", "block_sp"]
+DP2_TP4_MODELS = ["block_sp"]
+TP2 = job("sharding_tp2", 2, "tests.bodies.sharding_body:run", {"models": TP2_MODELS, "dp": 1, "tp": 2},
+          timeout=400, group=__name__)
+DP2_TP2 = job("sharding_dp2_tp2", 4, "tests.bodies.sharding_body:run",
+              {"models": DP2_TP2_MODELS, "dp": 2, "tp": 2}, timeout=500, group=__name__)
+DP2_TP4 = job("sharding_dp2_tp4", 8, "tests.bodies.sharding_body:run",
+              {"models": DP2_TP4_MODELS, "dp": 2, "tp": 4}, timeout=600, group=__name__)
 
 
 def _check(results, models):
@@ -21,25 +32,15 @@ def _check(results, models):
 
 
 def test_tp2_mlp_attention_block_and_sp():
-    # "plain" / "plain_sp": nn.Dense layers without shard(), parallelized by a plan of styles
-    # (ColWise/RowWise, and SequenceParallel with reduce-scatter outputs)
-    models = ["mlp", "attention", "block", "sp_mlp", "block_sp", "plain", "plain_sp"]
-    results = run_msrun("tests.bodies.sharding_body:run", 2, timeout=400,
-                        kwargs={"models": models, "dp": 1, "tp": 2})
-    _check(results, models)
+    results = TP2.results()
+    _check(results, TP2_MODELS)
     assert results[0]["sp_mlp"]["redistributions"] >= 3
     assert results[0]["plain_sp"]["redistributions"] > results[0]["plain"]["redistributions"]
 
 
 def test_dp2_tp2_block_on_4_ranks():
-    models = ["mlp", "block", "block_sp"]
-    results = run_msrun("tests.bodies.sharding_body:run", 4, timeout=500,
-                        kwargs={"models": models, "dp": 2, "tp": 2})
-    _check(results, models)
+    _check(DP2_TP2.results(), DP2_TP2_MODELS)
 
 
 def test_dp2_tp4_sequence_parallel_block_on_8_ranks():
-    models = ["block_sp"]
-    results = run_msrun("tests.bodies.sharding_body:run", 8, timeout=600,
-                        kwargs={"models": models, "dp": 2, "tp": 4})
-    _check(results, models)
+    _check(DP2_TP4.results(), DP2_TP4_MODELS)

@@ -1,0 +1,126 @@
+"""Several msrun bodies in one launch: one cluster start-up for many jobs.
+
+Every msrun launch pays a fixed start-up on each worker, whatever the body does: cluster
+registration and the CPU collective library's start-up sync (measured on 2 cores: ~8 s before a
+2-rank body starts, ~12 s for 4 ranks). A test suite with many bodies on the same worker count
+registers them as jobs of one :class:`MsrunBatch` when its modules are imported; the first time a
+job's result is asked for, every registered job of that worker count runs in one launch, one
+after the other on every worker, and later requests are answered from that launch.
+
+A job that raises on any rank ends the launch at once (its peers would otherwise block in their
+next collective); every job of that launch then reports the failure with the job's name and each
+rank's log.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+
+from .msrun import MsrunError, run_msrun
+
+Kwargs = Union[Dict[str, Any], Callable[[], Dict[str, Any]]]
+MAX_BATCH_TIMEOUT = 1800.0
+
+
+def run_jobs(jobs: List[List[Any]]) -> Dict[str, Any]:
+    """Worker side: ``jobs`` is ``[[name, "module:function", kwargs], ...]``; runs them in order
+    and returns ``{name: result}`` plus ``"__seconds__": {name: wall seconds}``."""
+    results: Dict[str, Any] = {}
+    seconds: Dict[str, float] = {}
+    for name, target, kwargs in jobs:
+        module_name, func_name = target.split(":")
+        func = getattr(importlib.import_module(module_name), func_name)
+        start = time.monotonic()
+        try:
+            results[name] = func(**kwargs)
+        except BaseException as e:
+            raise RuntimeError(f"batched msrun job {name!r} ({target}) failed: {type(e).__name__}: {e}") from e
+        seconds[name] = round(time.monotonic() - start, 2)
+        print(f"[batch] job {name} took {seconds[name]:.1f}s", flush=True)
+    results["__seconds__"] = seconds
+    return results
+
+
+@dataclass
+class Job:
+    """One body of a batch; ``results()`` returns its per-rank results (launching if needed)."""
+    batch: "MsrunBatch"
+    name: str
+    nproc: int
+    target: str
+    kwargs: Kwargs
+    timeout: float
+    group: Optional[str]
+    used_kwargs: Optional[Dict[str, Any]] = field(default=None)
+
+    def results(self) -> List[Any]:
+        return self.batch.results_of(self)
+
+
+class MsrunBatch:
+    """Jobs registered by name; one msrun launch per worker count (see the module doc).
+
+    ``select(groups)`` limits launches to the jobs of those groups (the test runner passes the
+    modules of the selected tests), so running one test file launches only that file's jobs."""
+
+    def __init__(self, env: Optional[Dict[str, str]] = None):
+        self.jobs: Dict[str, Job] = {}
+        self.selected: Optional[set] = None
+        self.env = env
+        self._outcome: Dict[int, Union[List[Dict[str, Any]], MsrunError]] = {}
+        self.seconds: Dict[str, float] = {}
+
+    def add(self, name: str, nproc: int, target: str, kwargs: Optional[Kwargs] = None, timeout: float = 300.0,
+            group: Optional[str] = None) -> Job:
+        """Register a job. ``kwargs`` may be a callable, called when the launch starts (for paths
+        made then); what it returned is kept in ``job.used_kwargs``."""
+        if name in self.jobs:
+            raise ValueError(f"MsrunBatch.add: a job named {name!r} is already registered")
+        if ":" not in target:
+            raise ValueError(f"MsrunBatch.add: target={target!r} must look like 'package.module:function'")
+        if not isinstance(nproc, int) or nproc < 1:
+            raise ValueError(f"MsrunBatch.add: nproc={nproc!r} must be a positive integer")
+        job = Job(self, name, nproc, target, kwargs if kwargs is not None else {}, float(timeout), group)
+        self.jobs[name] = job
+        return job
+
+    def select(self, groups: Iterable[str]) -> None:
+        self.selected = set(groups)
+
+    def _members(self, nproc: int, requested: Job) -> List[Job]:
+        return [j for j in self.jobs.values() if j.nproc == nproc and
+                (j is requested or self.selected is None or j.group in self.selected)]
+
+    def results_of(self, job: Job) -> List[Any]:
+        if job.nproc not in self._outcome or (not isinstance(self._outcome[job.nproc], MsrunError)
+                                              and job.name not in self._outcome[job.nproc][0]):
+            self._launch(job.nproc, job)
+        outcome = self._outcome[job.nproc]
+        if isinstance(outcome, MsrunError):
+            raise MsrunError(f"job {job.name!r}: its batched launch on {job.nproc} ranks failed\n{outcome}")
+        return [per_rank[job.name] for per_rank in outcome]
+
+    def _launch(self, nproc: int, requested: Job) -> None:
+        done = self._outcome.get(nproc)
+        members = [j for j in self._members(nproc, requested)
+                   if not (isinstance(done, list) and j.name in done[0])]
+        specs = []
+        for j in members:
+            j.used_kwargs = j.kwargs() if callable(j.kwargs) else dict(j.kwargs)
+            specs.append([j.name, j.target, j.used_kwargs])
+        timeout = min(sum(j.timeout for j in members), MAX_BATCH_TIMEOUT)
+        try:
+            results = run_msrun(f"{__name__}:run_jobs", nproc, kwargs={"jobs": specs}, timeout=timeout,
+                                env=self.env)
+        except MsrunError as e:
+            self._outcome[nproc] = e
+            return
+        for name, secs in results[0].get("__seconds__", {}).items():
+            self.seconds[name] = secs
+        if isinstance(done, list):    # a job outside the selection asked for later: merge
+            for old, new in zip(done, results):
+                old.update(new)
+        else:
+            self._outcome[nproc] = results
