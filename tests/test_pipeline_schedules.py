@@ -8,8 +8,9 @@ import pytest
 from mindformers_core.pipeline import (
     DeadlockError, MetaStep, MetaStepType, PipelineScheduleMulti, PipelineScheduleSingle, Schedule1F1B,
     ScheduleError, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1, ScheduleZeroBubbleV,
-    StageInfo, StepCosts, Timeline, add_communication, render_text, simulate, stage_placement,
+    StageInfo, StepCosts, Timeline, add_communication, render_text, simulate,
     stages_of_rank, to_chrome_trace, validate_schedule)
+from mindformers_core.common.placement import stage_placement
 from mindformers_core.pipeline import ScheduleGPipe as BuiltinGPipe    # the design's name is taken below
 from mindformers_core.pipeline.meta_step import consumes, produces
 

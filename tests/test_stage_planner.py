@@ -10,7 +10,7 @@ import pytest
 
 from mindformers_core.pipeline.planner import (LayerCost, StagePlan, auto_stage_plan, plan_stages,
                                                report, stage_times_from_trace)
-from mindformers_core.pipeline.stage_split import stage_layer_ranges
+from mindformers_core.common.placement import stage_layer_ranges
 
 
 def brute_force(costs, stages, emb, head, limit, empty):

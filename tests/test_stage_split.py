@@ -6,9 +6,9 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindformers_core.pipeline.stage_split import (format_layer_ranges, get_transformer_layer_offset,
-                                                   layers_of_stage, parse_layer_ranges, split_model,
-                                                   stage_layer_ranges)
+from mindformers_core.common.placement import (format_layer_ranges, get_transformer_layer_offset, layers_of_stage,
+                                              parse_layer_ranges, stage_layer_ranges)
+from mindformers_core.pipeline.stage_split import split_model
 
 
 # ---- parse / format -----------------------------------------------------------------------------

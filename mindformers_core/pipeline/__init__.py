@@ -16,20 +16,19 @@ from .schedule import PipelineScheduleBase, PipelineScheduleMulti, PipelineSched
 from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
                         ScheduleZeroBubbleV, build_schedule)
 from .simulator import Timeline, simulate
-from .stage import StageInfo, stage_placement, stages_of_rank
-from .stage_split import (get_transformer_layer_offset, layers_of_stage, parse_layer_ranges,
-                          split_model, stage_layer_ranges)
+from .stage import StageInfo, stages_of_rank
+from .stage_split import split_model
 from .svg import render_svg, save_svg
 from .validator import validate_schedule
 from .visualizer import load_trace, render_text, save_trace, timeline_from_trace, to_chrome_trace, trace_to_dict
 
-__all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec", "get_transformer_layer_offset",
-           "layers_of_stage", "merge_microbatches", "parse_layer_ranges", "split_microbatches",
-           "split_model", "stage_layer_ranges", "DeadlockError", "MetaStep", "MetaStepType", "PipelineScheduleBase", "PipelineScheduleMulti",
+__all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec",
+           "merge_microbatches", "split_microbatches",
+           "split_model", "DeadlockError", "MetaStep", "MetaStepType", "PipelineScheduleBase", "PipelineScheduleMulti",
            "PipelineScheduleSingle", "Schedule1F1B", "ScheduleError", "ScheduleGPipe",
            "ScheduleInterleaved1F1B", "ScheduleZeroBubbleH1", "ScheduleZeroBubbleV", "StageInfo",
            "StepCosts", "StepTiming", "Timeline", "add_communication", "render_text", "simulate",
-           "stage_placement", "stages_of_rank", "to_chrome_trace", "validate_schedule",
+           "stages_of_rank", "to_chrome_trace", "validate_schedule",
            "LayerCost", "LayerProfile", "StagePlan", "auto_stage_plan", "measure_layers", "measure_stage_times",
            "plan_stages", "report", "stage_times_from_trace",
            "load_trace", "render_svg", "save_svg", "save_trace", "timeline_from_trace", "trace_to_dict"]

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .stage_split import format_layer_ranges
+from ..common.placement import format_layer_ranges
 
 PLAN_FILE = "stage_plan.json"
 

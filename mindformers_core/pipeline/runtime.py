@@ -17,7 +17,7 @@ outstanding ones: "Can not find top cell for backward".) Split backward (BWD_INP
 weight-gradient functions.
 
 Random operators (dropout): a forward step snapshots the random state (MindSpore's per-kernel seed
-table and default generator, ``recompute.rng_snapshot``) with the stage input; the backward step
+table and default generator, ``common.rng.rng_snapshot``) with the stage input; the backward step
 restores it for its recomputed forward, then restores the state the run had reached, so the
 gradients are those of the masks that produced the loss and the random stream goes on as if the
 backward drew nothing. In PyNative that replays every microbatch's masks, in any order. Under
@@ -41,7 +41,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from ..distributed import comm
 from ..distributed.env import get_env
-from ..recompute.units import rng_restore, rng_snapshot
+from ..common.rng import rng_restore, rng_snapshot
 from .meta_step import MetaStep, MetaStepType as T
 from .microbatch import MicrobatchConfig
 

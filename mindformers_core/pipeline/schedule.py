@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from .meta_step import MetaStep
-from .stage import PlacementSpec, stage_placement
+from ..common.placement import PlacementSpec, stage_placement
 from .validator import validate_schedule
 
 
@@ -22,7 +22,7 @@ class PipelineScheduleBase:
     """Common part of every schedule.
 
     ``stages`` are the stages this rank runs (objects with ``stage_index`` and ``stage_num``, such
-    as ``StageInfo``); ``placement`` maps stages to ranks (see ``stage.stage_placement``).
+    as ``StageInfo``); ``placement`` maps stages to ranks (see ``common.placement.stage_placement``).
     Attributes for ``construct_exec_order``: ``stages``, ``stage_num``, ``pp_size``,
     ``stages_per_rank``, ``placement`` (rank of each stage), ``rank``, ``micro_batch_num`` and
     ``exec_order`` (an empty dict to fill, keyed by pipeline rank).

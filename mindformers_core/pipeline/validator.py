@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from .errors import ScheduleError
 from .meta_step import MetaStep, MetaStepType as T
 from .replay import replay
-from .stage import PlacementSpec, stage_placement
+from ..common.placement import PlacementSpec, stage_placement
 
 
 def _positive(name: str, value) -> None:

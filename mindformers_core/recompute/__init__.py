@@ -13,11 +13,11 @@ from .config import (DEFAULT_SELECT, DEFAULT_SWAP, RecomputeConfig, Rule, StageM
 from .meter import ActivationMeter, allocator_peak
 from .patterns import Layers, Pattern, PatternError, compile_pattern, layers_of, translate_mindformers
 from .plan import Report, Tree, Unit, resolve
-from .units import RecomputeFunction, SwapFunction, rng_restore, rng_snapshot
+from .units import RecomputeFunction, SwapFunction
 
 __all__ = ["ActivationMeter", "DEFAULT_SELECT", "DEFAULT_SWAP", "Layers", "Pattern", "PatternError", "RecomputeConfig",
            "RecomputeFunction", "Report", "Rule", "StageMap", "SwapConfig", "SwapFunction", "Tree", "Unit",
            "allocator_peak", "apply_mindformers", "apply_recompute", "apply_swap", "as_recompute_config",
            "as_swap_config", "compile_pattern", "from_mindformers", "layers_of", "model_tree", "plan_recompute",
-           "plan_swap", "resolve", "rng_restore", "rng_snapshot", "stage_map", "swap_from_mindformers",
+           "plan_swap", "resolve", "stage_map", "swap_from_mindformers",
            "translate_mindformers"]

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from mindspore import nn
 
-from ..pipeline.stage_split import stage_layer_ranges
+from ..common.placement import stage_layer_ranges
 from .config import (MF_RECOMPUTE_KEYS, MF_SWAP_KEYS, RecomputeConfig, StageMap, SwapConfig, from_mindformers,
                      swap_from_mindformers)
 from .patterns import PatternError

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import FrozenSet, Iterable, List, Optional, Sequence, Union
 
-from ..pipeline.stage_split import format_layer_ranges, parse_layer_ranges
+from ..common.placement import format_layer_ranges, parse_layer_ranges
 
 _GLOB_PART = re.compile(r"[A-Za-z0-9_*?]+")
 

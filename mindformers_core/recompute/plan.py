@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..pipeline.stage_split import format_layer_ranges
+from ..common.placement import format_layer_ranges
 from .config import Rule
 from .patterns import PatternError, compile_pattern, no_match_error
 

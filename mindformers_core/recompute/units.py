@@ -23,35 +23,20 @@ it unchanged -- there the graph's activations already live in host memory -- and
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, List
 
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
-from mindspore.common.generator import get_rng_state, set_rng_state
 
+from ..common.rng import rng_restore, rng_snapshot
 from .meter import current_meter
-
-_seed = importlib.import_module("mindspore.common.seed")   # the module (mindspore.common.seed is also a function name)
 
 try:   # MindSpore's reentrant PyNative recompute Cell (what Cell.recompute() installs)
     from mindspore.common.recompute import _RecomputeCell
 except ImportError as err:   # pragma: no cover - pinned to mindspore 2.10
     raise ImportError("mindformers_core.recompute needs mindspore.common.recompute._RecomputeCell "
                       f"(MindSpore 2.10); this MindSpore does not have it: {err}") from None
-
-
-def rng_snapshot():
-    """The random state PyNative random operators read: per-kernel seed table + default generator."""
-    return dict(_seed._KERNEL_SEED), get_rng_state()
-
-
-def rng_restore(state) -> None:
-    table, gen = state
-    _seed._KERNEL_SEED.clear()
-    _seed._KERNEL_SEED.update(table)
-    set_rng_state(gen)
 
 
 class RecomputeFunction(_RecomputeCell):

@@ -121,7 +121,7 @@ def _layer_split(cfg: Dict[str, Any]) -> List[str]:
                     "ranges per stage), 'auto' (measure and plan the split) or null (uniform)"]
         return []
     if explicit is not None:
-        from ..pipeline.stage_split import stage_layer_ranges  # the runtime's own splitter, same rules
+        from ..common.placement import stage_layer_ranges  # the runtime's own splitter, same rules
         placement = "v" if pipe["pipeline_scheduler"] == "zbv" else "interleaved"
         try:
             stage_layer_ranges(num_layers, pp, vpp, explicit, placement)

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 from ..pipeline.schedules import BUILTIN_SCHEDULES
-from ..pipeline.stage import stage_placement
-from ..pipeline.stage_split import stage_layer_ranges
+from ..common.placement import stage_layer_ranges, stage_placement
 
 
 @dataclass(frozen=True)

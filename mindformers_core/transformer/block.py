@@ -1,6 +1,6 @@
 """The stack of transformer layers, or the part of it one pipeline stage holds.
 
-The stage's layers come from :func:`mindformers_core.pipeline.stage_split.layers_of_stage`
+The stage's layers come from :func:`mindformers_core.common.placement.layers_of_stage`
 (the same split every pipeline component uses); each layer is built by ``layer_spec(config,
 layer_number)`` with its *global* number, so a stage builds exactly its own layers and gets the
 same weights they have in the full model. The final norm lives on the last stage only.
@@ -11,7 +11,7 @@ from typing import Callable, Optional, Sequence
 
 from mindspore import nn
 
-from ..pipeline.stage_split import layers_of_stage
+from ..common.placement import layers_of_stage
 from .config import TransformerConfig
 from .layer import TransformerLayer
 from .norm import build_norm
