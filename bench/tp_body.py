@@ -9,6 +9,7 @@ from mindspore import Tensor
 from mindformers_core.distributed import get_env
 from mindformers_core.distributed.comm import kernels as K
 from mindformers_core.optim import AdamW
+from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
 from mindformers_core.sharding.parallelize import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel, TransformerConfig
 
@@ -82,10 +83,10 @@ def run(tp, sp=False, batch=8, steps=6, modes=("pynative", "jit")):
         out[mode] = {"step_s": float(np.median(times))}
         if mode == "pynative":
             out["comm_bytes"], out["comm_calls"] = comm["bytes"], comm["calls"]
-            out["planned_bytes"] = model.mfc_sharding_plan.bytes_per_step
+            out["planned_bytes"] = sharding_plan_of(model).bytes_per_step
             out["param_bytes"] = sum(int(np.prod(p.shape)) * 4 for p in params)
-            sharded = [p for p in params if p.mfc_layout.sharded_axes()]
+            sharded = [p for p in params if layout_of(p).sharded_axes()]
             out["sharded_param_bytes"] = sum(int(np.prod(p.shape)) * 4 for p in sharded)
-            out["sharded_global_bytes"] = sum(int(np.prod(p.mfc_global_shape)) * 4 for p in sharded)
+            out["sharded_global_bytes"] = sum(int(np.prod(global_shape_of(p))) * 4 for p in sharded)
             out["rank"] = rank
     return out

@@ -5,7 +5,7 @@ import mindspore as ms
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindformers_core.hsdp import api as hsdp_api
+from mindformers_core.hsdp import cell as hsdp_cell
 from mindformers_core.hsdp import describe, hsdp, plan_param, shard_rank_lists, zero_bytes
 from mindformers_core.hsdp.step import Comm, Gather, GradReducer
 from mindformers_core.optim import AdamW
@@ -26,7 +26,7 @@ from tests.bodies import hsdp_body as body
 def test_bad_arguments_fail_before_any_group(monkeypatch, kwargs, message):
     def no_groups(ranks):
         raise AssertionError(f"a group {ranks} was created before validation")
-    monkeypatch.setattr(hsdp_api, "new_group", no_groups)
+    monkeypatch.setattr(hsdp_cell, "new_group", no_groups)
     with pytest.raises(ValueError, match=message):
         hsdp(nn.Dense(2, 2), dp_group=[0, 1, 2, 3], **kwargs)
 
@@ -236,7 +236,7 @@ def test_stage_dp_ranks_resolution():
 def test_stage_arguments_fail_before_any_group(monkeypatch, kwargs, error, message):
     def no_groups(ranks):
         raise AssertionError(f"a group {ranks} was created before validation")
-    monkeypatch.setattr(hsdp_api, "new_group", no_groups)
+    monkeypatch.setattr(hsdp_cell, "new_group", no_groups)
     # rank 0 of a 1-rank world, told that its stage is replicated over [0, 2, 4, 6]
     with pytest.raises(error, match=message):
         hsdp(_fake_stage(dp=[0, 2, 4, 6], pp=[0, 1]), **kwargs)
@@ -334,7 +334,7 @@ def test_level3_unit_patterns_group_blocks():
 
 
 def test_level3_units_argument_checks(monkeypatch):
-    monkeypatch.setattr(hsdp_api, "new_group", lambda ranks: pytest.fail("group created"))
+    monkeypatch.setattr(hsdp_cell, "new_group", lambda ranks: pytest.fail("group created"))
     with pytest.raises(ValueError, match=r"units=\['layers\.\*'\] only apply to optimizer_level='level3' "
                                          r"\(got 'level2'\)"):
         hsdp(_Model(), dp_group=[0, 1], optimizer_level="level2", units=["layers.*"])
@@ -348,11 +348,11 @@ class _IdentityWrapper:
 
     def __init__(self, network):
         from types import SimpleNamespace
-        self.network, self.shard_size, self._full = network, 1, False
+        self.network, self.shard_size, self.holds_full_params = network, 1, False
         self.params = [p for p in network.get_parameters() if "bias" not in p.name]
         self.plan = SimpleNamespace(numel=0)
 
-    def _sharded(self):
+    def sharded_params(self):
         return [(p, self.plan) for p in self.params]
 
     def plan_of(self, p):

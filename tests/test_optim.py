@@ -10,6 +10,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindformers_core.optim import (AdamW, ClipGradNorm, ConstantWarmUpLR, CosineWithWarmUpLR,
                                     LinearWithWarmUpLR, build_lr_schedule, clip_grad_norm, global_norm,
                                     replication_weights)
+from mindformers_core.sharding.annotations import annotate_parameter
 from mindformers_core.sharding.layout import Layout
 
 MODES = ["pynative", "jit"]
@@ -204,7 +205,7 @@ def test_global_norm_weights_and_replication():
     assert float(global_norm(gs, weights=[1.0, 0.25]).asnumpy()) == pytest.approx(math.sqrt(16 + 1))
     mesh = Layout((2, 4), ("dp", "tp"))
     w = Parameter(Tensor(np.zeros((4, 8), np.float32)), name="w")
-    w.mfc_layout = mesh("None", "tp")
+    annotate_parameter(w, mesh("None", "tp"), (4, 32), ())
     ln = Parameter(Tensor(np.zeros((8,), np.float32)), name="ln")
     assert replication_weights([w, ln], {"tp": 4}) == (1.0, 0.25)
     assert replication_weights([w, ln], {"tp": 4, "dp": 2}) == (0.5, 0.125)

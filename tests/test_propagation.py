@@ -5,6 +5,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindformers_core.sharding import Layout
+from mindformers_core.sharding.annotations import global_shape_of
 from mindformers_core.sharding.parallelize import parallelize, plan_sharding
 from mindformers_core.sharding.propagation import PlanError
 from mindformers_core.sharding.trace import TraceError, trace
@@ -115,7 +116,7 @@ def test_parameters_hold_local_shards():
     from mindformers_core.sharding.parallelize import _shard_parameters
     _shard_parameters(model, plan, rank=1)
     w = model.model.fc1.weight
-    assert tuple(w.shape) == (8, 16) and w.mfc_global_shape == (8, 32)
+    assert tuple(w.shape) == (8, 16) and global_shape_of(w) == (8, 32)
     np.testing.assert_array_equal(w.asnumpy(), full[:, 16:])
 
 

@@ -48,15 +48,17 @@ def read_documents(path, text_key="text"):
             yield str(record[text_key])
 
 
-def _cache_key(files, tokenizer, text_key):
-    """Hash of everything the token ids depend on: file contents, tokenizer model, field name."""
+def cache_file_for(files, tokenizer, cache_dir, text_key="text") -> str:
+    """``<cache_dir>/tokens-<hash>.npy``: where :func:`tokenize_to_cache` writes the token ids of
+    ``files`` (a checked list of paths), so other ranks can wait for that file. The hash covers
+    everything the ids depend on: file contents, tokenizer model, field name."""
     h = hashlib.sha256(f"v1|{text_key}|".encode())
     for path in files + [tokenizer.vocab_file]:
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
         h.update(b"|")
-    return h.hexdigest()[:16]
+    return os.path.join(cache_dir, f"tokens-{h.hexdigest()[:16]}.npy")
 
 
 def tokenize_to_cache(data_files, tokenizer, cache_dir, text_key="text"):
@@ -68,7 +70,7 @@ def tokenize_to_cache(data_files, tokenizer, cache_dir, text_key="text"):
     """
     files = check_files(data_files, "data_files")
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
-    path = os.path.join(cache_dir, f"tokens-{_cache_key(files, tokenizer, text_key)}.npy")
+    path = cache_file_for(files, tokenizer, cache_dir, text_key)
     if os.path.exists(path):
         return path
     os.makedirs(cache_dir, exist_ok=True)

@@ -1,5 +1,6 @@
 """hsdp: ZeRO level1/2/3 (optimizer states, gradients, parameters) over the data-parallel domain."""
-from .api import HSDPCell, TrainStep, hsdp
+from .api import hsdp
+from .cell import HSDPCell, TrainStep
 from .pipeline import HSDPStages, PipelineTrainStep, hsdp_stages, stage_dp_ranks
 from .plan import (LEVELS, ParamPlan, check_stage_dp_ranks, describe, plan_param, shard_rank_lists, validate,
                    zero_bytes)

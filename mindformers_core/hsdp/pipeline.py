@@ -11,16 +11,17 @@
 
 One step: the schedule runs every microbatch (level3: each unit of a stage gathers its weights
 around its forward, recomputed forward and backward, see ``units.py``), the runtime summing weight gradients locally (no data-parallel
-communication per microbatch: hsdp sets ``stage.dp_reduced_by`` so the runtime's all-reduce over
-``stage.dp_group`` is skipped); then once: the gradients are reduced over the stage's dp group
+communication per microbatch: hsdp calls ``stage.delegate_dp_reduction(wrapped)`` so the runtime's
+all-reduce over ``stage.dp_group`` is skipped); then once: the gradients are reduced over the stage's dp group
 (level1: all-reduce; level2/3: reduce-scatter over the shard group + all-reduce over the
 replicas), optionally clipped by the global norm over every pipeline stage, and the optimizer
 updates this rank's shards (level1/2 all-gather them into the full parameters; level3 updates
 the shards in place).
 
-Nothing here imports the pipeline package: stages are used through their attributes (``cell``,
-``params``, ``grads``, ``dp_group``, ``pp_ranks``, ``stage_index``, ``stage_num``) and the
-schedule through ``run`` / ``runtime``.
+Nothing here imports the pipeline package (same layer): stages are used through their public
+attributes (``cell``, ``params``, ``grads``, ``dp_group``, ``pp_ranks``, ``stage_index``, ``stage_num``,
+``weight_shapes``, ``compiled_inside``) and ``delegate_dp_reduction``, the schedule through
+``run`` / ``runtime`` (see ``PipelineStage``'s docstring).
 """
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ from mindspore import Tensor, nn
 
 from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
+from ..sharding.annotations import is_sharded_parameter
 from . import plan as P
-from .api import HSDPCell, _dp_ranks, _plan_dp_ranks, norm_clipper
+from .cell import HSDPCell, norm_clipper
+from .groups import dp_ranks, plan_dp_ranks
 from .step import GradReducer
 
 STAGE_ATTRS = ("cell", "params", "stage_index", "stage_num", "dp_group")
@@ -68,11 +71,11 @@ def stage_dp_ranks(stages: Sequence, dp_group=None, rank: Optional[int] = None,
     pp_ranks = list(first.pp_ranks) if getattr(first, "pp_ranks", None) is not None \
         else list(range(world_size))
     if dp_group is not None:
-        ranks = _dp_ranks(dp_group)
+        ranks = dp_ranks(dp_group)
     else:
         candidates = [(f"stage {st.stage_index}'s dp_group", _ranks_of(st.dp_group)) for st in stages]
         if all(r is None for _, r in candidates):
-            candidates = [(f"stage {st.stage_index}'s sharding plan (dp axis)", _plan_dp_ranks(st.cell))
+            candidates = [(f"stage {st.stage_index}'s sharding plan (dp axis)", plan_dp_ranks(st.cell))
                           for st in stages]
         found = [(what, r) for what, r in candidates if r is not None]
         if found:
@@ -139,7 +142,7 @@ class HSDPStages(HSDPCell):
         super().__init__(_StageCells([st.cell for st in self.stages]), dp_ranks, shard_size, threshold,
                          level, 1, units=units)
         for st in self.stages:
-            st.dp_reduced_by = self   # the runtime no longer all-reduces over st.dp_group
+            st.delegate_dp_reduction(self)   # the runtime no longer all-reduces over st.dp_group
             if self.units is not None:   # level3: shards outside the units; gradients are full-sized
                 st.weight_shapes = tuple(self.plans[id(p)].shape for p in st.params)
 
@@ -185,7 +188,7 @@ class PipelineTrainStep:
             raise ValueError(f"train_step: the schedule runs stages {theirs} but hsdp wraps stages {mine}; "
                              "build the schedule from the same PipelineStage objects")
         self.wrapped, self.schedule, self.mode = wrapped, schedule, mode
-        plans = wrapped._order(optimizer)
+        plans = wrapped.optimizer_plans(optimizer)
         self.params = tuple(optimizer.parameters)
         where = {}
         for si, st in enumerate(wrapped.stages):
@@ -196,7 +199,7 @@ class PipelineTrainStep:
         dp = wrapped.dp_group.size
         # stages sharded by ``parallelize`` over a dp axis return the global loss and give
         # dp-partial gradients (sum them); replicated stages give local ones (average them)
-        sharded_model = any(hasattr(p, "mfc_grad_axes") for p in self.params)
+        sharded_model = any(is_sharded_parameter(p) for p in self.params)
         mp_reducer = None
         if sharded_model:
             from ..sharding.parallelize import GradientReducer as ModelParallelReducer
@@ -204,7 +207,7 @@ class PipelineTrainStep:
         loss_scale = float(dp) if sharded_model else 1.0
         reducer = GradReducer(plans, wrapped.level, wrapped.comm, 1.0 if sharded_model else 1.0 / dp)
         self.units = wrapped.units
-        updater = wrapped._updater(optimizer, params_sharded=self.units is not None)
+        updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
         if self.units is not None and mode == "jit":
             self.units.make_islands()
             for st in wrapped.stages:
@@ -234,7 +237,7 @@ class PipelineTrainStep:
 
     def __call__(self, inputs=None, labels=None, config=None):
         wrapped = self.wrapped
-        if self.units is not None and wrapped._full:
+        if self.units is not None and wrapped.holds_full_params:
             raise RuntimeError("hsdp level3: the train step runs on the shards (each unit gathers its own "
                                "weights); call it outside `with wrapped.unsharded():`")
         loss = self.schedule.run(inputs, labels, mode=self.mode, config=config)

@@ -30,6 +30,7 @@ import mindspore as ms
 from mindspore import Parameter, mint, nn
 from mindspore.common.api import _no_grad, _pynative_executor
 
+from ..sharding.annotations import replaces_inner
 from ..sharding.boundary import inner_attribute
 
 
@@ -66,7 +67,7 @@ def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Opti
         unit_name, unit = name, cell
         # a Cell computing in place of its child (parallelize's local kernels) never calls it:
         # the hooks belong on the caller
-        while id(unit) in parent and getattr(parent[id(unit)][1], "mfc_replaces_inner", False):
+        while id(unit) in parent and replaces_inner(parent[id(unit)][1]):
             unit_name, unit = parent[id(unit)]
         if all(u is not unit for _, u in units):
             units.append((unit_name, unit))
@@ -102,7 +103,7 @@ class UnitGathering:
 
     def __init__(self, wrapped, patterns: Optional[Sequence[str]] = None):
         self.wrapped = wrapped
-        self.sharded = {id(p): p for p, _ in wrapped._sharded()}
+        self.sharded = {id(p): p for p, _ in wrapped.sharded_params()}
         self.units = select_units(wrapped.network, self.sharded, patterns)
         self.open_count: Dict[int, int] = {}
         self.saved_shards: Dict[int, object] = {}
@@ -179,7 +180,7 @@ class UnitGathering:
 
     # ---- hooks ----------------------------------------------------------------------------------
     def _active(self) -> bool:
-        return not self.wrapped._full   # inside ``unsharded()`` everything is full already
+        return not self.wrapped.holds_full_params   # inside ``unsharded()`` everything is full already
 
     def _hook(self, cell) -> None:
         calls = self._calls.setdefault(id(cell), [])

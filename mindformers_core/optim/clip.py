@@ -9,7 +9,7 @@ where ``groups`` are the orthogonal groups the pieces are spread over (e.g. the 
 pipeline and hsdp shard groups) and ``weight_i = 1 / (number of ranks in those groups holding
 the same copy of piece i)``: 1 for a piece split over every group, ``1/tp`` for a LayerNorm
 weight replicated over the tensor-parallel group, ... ``replication_weights`` derives the
-weights from parameters' ``mfc_layout``. Groups must be orthogonal (their product holds each
+weights from parameters' layouts (``sharding.annotations.layout_of``). Groups must be orthogonal (their product holds each
 rank once): the all-reduces run one after the other.
 
 ``ClipGradNorm`` is a Cell for use inside ``ms.jit`` (build it outside, call it inside);
@@ -93,13 +93,14 @@ def global_norm(grads, groups: Sequence = (), weights: Optional[Sequence[float]]
 
 
 def replication_weights(params, axis_groups: Mapping[str, object]) -> Tuple[float, ...]:
-    """Per-parameter weights for ``clip_grad_norm`` from each parameter's ``mfc_layout``.
+    """Per-parameter weights for ``clip_grad_norm`` from each parameter's layout (``layout_of``).
 
     ``axis_groups`` maps a mesh axis name (``"tp"``, ``"cp"``...) to its group (or its size): a
     parameter not split over that axis is replicated there and gets a factor ``1 / size``.
-    Parameters without ``mfc_layout`` count as replicated over every axis given. Axes whose
+    Parameters without a layout (not sharded by ``parallelize``) count as replicated over every axis given. Axes whose
     ranks hold different parameters (pipeline stages) belong in ``groups`` only, not here.
     """
+    from ..sharding.annotations import layout_of
     from ..sharding.layout import as_layout
 
     sizes = {}
@@ -107,7 +108,7 @@ def replication_weights(params, axis_groups: Mapping[str, object]) -> Tuple[floa
         sizes[axis] = g if isinstance(g, int) else resolve_group(g).size
     out = []
     for p in params:
-        layout = getattr(p, "mfc_layout", None)
+        layout = layout_of(p)
         split = set(as_layout(layout).sharded_axes()) if layout is not None else set()
         w = 1.0
         for axis, size in sizes.items():

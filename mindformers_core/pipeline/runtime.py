@@ -92,6 +92,12 @@ class PipelineStage:
     the vocab-split logits). With ``dp_group`` (the data-parallel replicas
     of this stage, each fed its own slice of the global batch) gradients and loss are averaged over
     the replicas after the last microbatch.
+
+    What a memory strategy wrapping the stage (hsdp) may change, without importing this package:
+    ``delegate_dp_reduction(owner)`` (it reduces over ``dp_group`` itself; ``dp_reduced_by`` is then
+    ``owner``), ``weight_shapes`` (the full shapes the weight gradients are sized by, when the
+    parameters are shards outside the Cells that use them) and ``compiled_inside`` (under jit those
+    Cells are compiled apart and the stage function runs eagerly around them).
     """
 
     def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
@@ -109,9 +115,7 @@ class PipelineStage:
         self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
         self.loss_fn = loss_fn
         self.dp_group = dp_group
-        # set by hsdp when it reduces this stage's gradients and loss over dp itself (once per
-        # step, reduce-scattered at level2/3); the runtime then leaves them local
-        self.dp_reduced_by = None
+        self.dp_reduced_by = None   # see delegate_dp_reduction
         # set by hsdp level3, whose parameters are shards outside the Cells that use them: the
         # full shapes (of the weight gradients), and under jit that those Cells are compiled apart
         # (the stage function itself then runs eagerly around them)
@@ -120,6 +124,11 @@ class PipelineStage:
         self.params = ParameterTuple(cell.trainable_params())
         self.grads: Optional[Tuple[Tensor, ...]] = None
         self._fns: Dict[Tuple[str, str], Any] = {}
+
+    def delegate_dp_reduction(self, owner) -> None:
+        """``owner`` (e.g. hsdp) reduces this stage's gradients and loss over ``dp_group`` itself,
+        once per step (reduce-scattered at level2/3): the runtime then leaves them local."""
+        self.dp_reduced_by = owner
 
     @property
     def is_last(self) -> bool:

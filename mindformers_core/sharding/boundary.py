@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from mindspore import nn, ops
 
 from ..distributed.comm import kernels as K
-from ..distributed.comm.functional import _cached
+from ..distributed.comm.functional import cached_comm_cell
 from ..distributed.comm.kernels import CommCell
 from ..distributed.env import get_env
 from .dtensor import _KeepOnFirst, mesh_of
@@ -33,19 +33,19 @@ def plan_kernels(plan: RedistributionPlan, rank: int):
                              f"{plan.target!r}); pipeline stages hand tensors over in the pipeline runtime")
         g = mesh.get_group(step.axis)
         if step.kind == "all_reduce":
-            cell = _cached(("raw_all_reduce", g.ranks, step.op), lambda: K.AllReduceKernel(g, step.op))
+            cell = cached_comm_cell(("raw_all_reduce", g.ranks, step.op), lambda: K.AllReduceKernel(g, step.op))
         elif step.kind == "all_gather":
-            cell = _cached(("raw_all_gather", g.ranks, step.dim), lambda: K.AllGatherKernel(g, step.dim))
+            cell = cached_comm_cell(("raw_all_gather", g.ranks, step.dim), lambda: K.AllGatherKernel(g, step.dim))
         elif step.kind == "reduce_scatter":
-            cell = _cached(("raw_reduce_scatter", g.ranks, step.dim), lambda: K.ReduceScatterKernel(g, step.dim))
+            cell = cached_comm_cell(("raw_reduce_scatter", g.ranks, step.dim), lambda: K.ReduceScatterKernel(g, step.dim))
         elif step.kind == "all_to_all":
-            cell = _cached(("raw_all_to_all", g.ranks, step.dim_to, step.dim),
+            cell = cached_comm_cell(("raw_all_to_all", g.ranks, step.dim_to, step.dim),
                            lambda: K.AllToAllKernel(g, step.dim_to, step.dim))
         elif step.kind == "slice":
-            cell = _cached(("raw_split", g.ranks, step.dim), lambda: K.SplitKernel(g, step.dim))
+            cell = cached_comm_cell(("raw_split", g.ranks, step.dim), lambda: K.SplitKernel(g, step.dim))
         elif step.kind == "zero_partial":
             first = g.local_rank == 0
-            cell = _cached(("keep_on_first", g.ranks, first), lambda: _KeepOnFirst(first))
+            cell = cached_comm_cell(("keep_on_first", g.ranks, first), lambda: _KeepOnFirst(first))
         else:
             raise ValueError(f"unknown redistribution step {step.kind!r}")
         cells.append(cell)

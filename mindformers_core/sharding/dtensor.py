@@ -17,7 +17,7 @@ import mindspore as ms
 from mindspore import ops
 
 from ..distributed import comm
-from ..distributed.comm.functional import _cached
+from ..distributed.comm.functional import cached_comm_cell
 from ..distributed.comm.kernels import CommCell, role_flag
 from ..distributed.device_mesh import DeviceMesh
 from ..distributed.env import get_env
@@ -81,7 +81,7 @@ def execute_plan(plan: RedistributionPlan, local):
             x = ops.narrow(x, step.dim, group.local_rank * size, size)
         elif step.kind == "zero_partial":
             first = group.local_rank == 0
-            x = _cached(("keep_on_first", group.ranks, first), lambda: _KeepOnFirst(first))(x)
+            x = cached_comm_cell(("keep_on_first", group.ranks, first), lambda: _KeepOnFirst(first))(x)
         else:
             raise ValueError(f"execute_plan: unknown step {step.kind!r}")
     return x

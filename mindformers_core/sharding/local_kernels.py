@@ -19,7 +19,7 @@ class VocabParallelLookup(CommCell):
     """Embedding lookup on this rank's vocabulary slice: ids outside it give zeros, so the output is
     a partial sum over the vocab axes (reduced at the Cell's output boundary)."""
 
-    mfc_replaces_inner = True   # reads inner's weight without calling inner (no hooks of inner run)
+    mfc_replaces_inner = True   # annotations.replaces_inner: reads inner's weight without calling inner
 
     def __init__(self, inner: nn.Cell, weight_attr: str, start: int, size: int):
         super().__init__()

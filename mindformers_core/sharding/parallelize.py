@@ -5,9 +5,9 @@ declarations → propagate → (``parallelize`` only) replace every parameter by
 slice constants, swap atomic Cells that need a local kernel, and wrap Cells whose boundaries carry
 a redistribution. The model code is not touched; the returned object is the model itself.
 
-Each parameter gets ``mfc_layout`` (its global layout), ``mfc_global_shape`` and ``mfc_grad_axes``
-(mesh axes its gradient must still be summed over — ``reduce_gradients`` does it; the
-data-parallel axis is among them for every replicated weight).
+Each parameter records its global layout, global shape and grad axes (mesh axes its gradient must
+still be summed over -- ``GradientReducer`` does it; the data-parallel axis is among them for every
+replicated weight): read them with ``annotations.layout_of`` / ``global_shape_of`` / ``grad_axes_of``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 
 from ..distributed.comm import kernels as K
-from ..distributed.comm.functional import _cached
+from ..distributed.comm.functional import cached_comm_cell
+from .annotations import (annotate_parameter, grad_axes_of, layout_of, set_sharding_plan,
+                          sharding_plan_of)
 from .boundary import Passthrough, Redistribute, ShardedCall, wrap_root
 from .dtensor import mesh_of
 from .layout import Layout, as_layout
@@ -75,7 +77,7 @@ def plan_sharding(model: nn.Cell, config=None, *sample_inputs, mesh=None, plan: 
     Cell-name patterns to styles (``ColWiseParallel()``...) for models without ``shard()``; a
     style overrides the matched Cell's own ``shard()``."""
     base = mesh_layout(config, mesh)
-    if getattr(model, "mfc_sharding_plan", None) is not None:
+    if sharding_plan_of(model) is not None:
         raise PlanError("this model is already parallelized; plan the original, unsharded model")
     styled = plan_declarations(model, plan, base) if plan else {}
     graph = trace(model, *sample_inputs)
@@ -88,7 +90,7 @@ def plan_sharding(model: nn.Cell, config=None, *sample_inputs, mesh=None, plan: 
 def parallelize(model: nn.Cell, config=None, *sample_inputs, mesh=None, rank: Optional[int] = None,
                 plan: Optional[Mapping] = None, input_layouts: Optional[Sequence] = None,
                 output_layouts: Optional[Sequence] = None, sharding_plan: Optional[ShardingPlan] = None) -> nn.Cell:
-    """Shard ``model`` in place for this rank and return it (``model.mfc_sharding_plan`` holds the
+    """Shard ``model`` in place for this rank and return it (``sharding_plan_of(model)`` gives the
     plan). Call it on every rank with the same model (the same initial weights: each rank keeps
     its slice of the full weights it holds, so seed or load them), config and sample shapes. ``plan``: styles by
     Cell-name pattern for models without ``shard()`` (see ``styles.py``); ``sharding_plan``: a plan
@@ -109,7 +111,7 @@ def parallelize(model: nn.Cell, config=None, *sample_inputs, mesh=None, rank: Op
     _shard_parameters(model, plan, rank)
     _shard_constants(plan, rank)
     _install(model, plan, rank)
-    model.mfc_sharding_plan = plan
+    set_sharding_plan(model, plan)
     return model
 
 
@@ -173,9 +175,7 @@ def _shard_parameters(model: nn.Cell, plan: ShardingPlan, rank: int) -> None:
     for name, layout in plan.param_layouts.items():
         p = params[name]
         shape = tuple(int(d) for d in p.shape)
-        p.mfc_layout = layout
-        p.mfc_global_shape = shape
-        p.mfc_grad_axes = plan.grad_axes.get(name, ())
+        annotate_parameter(p, layout, shape, plan.grad_axes.get(name, ()))
         if layout.sharded_axes():
             local = p.asnumpy()[layout.local_slice(shape, rank)]
             p.set_data(Tensor(np.ascontiguousarray(local)), slice_shape=True)
@@ -268,11 +268,11 @@ def _install(model: nn.Cell, plan: ShardingPlan, rank: int) -> None:
 
 
 def _sum_over(group) -> nn.Cell:
-    return _cached(("raw_all_reduce", group.ranks, "sum"), lambda: K.AllReduceKernel(group, "sum"))
+    return cached_comm_cell(("raw_all_reduce", group.ranks, "sum"), lambda: K.AllReduceKernel(group, "sum"))
 
 
 class GradientReducer(nn.Cell):
-    """Sums each gradient over the mesh axes in its parameter's ``mfc_grad_axes`` (minus
+    """Sums each gradient over the mesh axes in its parameter's ``grad_axes_of`` (minus
     ``skip_axes``: e.g. ("dp",) when hsdp or the pipeline runtime reduces over data parallel).
     A Cell, so it runs the same in PyNative and inside ``ms.jit``."""
 
@@ -281,9 +281,9 @@ class GradientReducer(nn.Cell):
         cells = []
         self.axes = []
         for p in params:
-            axes = tuple(a for a in getattr(p, "mfc_grad_axes", ()) if a not in skip_axes)
+            axes = tuple(a for a in grad_axes_of(p) if a not in skip_axes)
             self.axes.append(axes)
-            cells.append(_sum_over(mesh_of(p.mfc_layout).get_group(axes)) if axes else Passthrough())
+            cells.append(_sum_over(mesh_of(layout_of(p)).get_group(axes)) if axes else Passthrough())
         self.reducers = nn.CellList(cells)
         self.count = len(cells)
 

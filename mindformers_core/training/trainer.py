@@ -440,8 +440,8 @@ class Trainer:
             if self.rank == 0:                       # tokenize once; the others wait for the cache file
                 tokenize_to_cache(files, self.tokenizer, cache, "text")
             else:
-                from ..data.dataset import _cache_key   # same name rank 0 writes (content hash)
-                _wait_for(os.path.join(cache, f"tokens-{_cache_key(files, self.tokenizer, 'text')}.npy"))
+                from ..data.dataset import cache_file_for   # same name rank 0 writes (content hash)
+                _wait_for(cache_file_for(files, self.tokenizer, cache, "text"))
             return PackedDataset(files, self.tokenizer, int(mc.seq_length), cache_dir=cache, **order)
         except ValueError as e:
             raise ConfigError([f"{key}.dataset_dir = {directory!r}: {e}"]) from None

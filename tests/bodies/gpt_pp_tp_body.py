@@ -11,6 +11,7 @@ from mindformers_core.distributed import get_env
 from mindformers_core.pipeline import Schedule1F1B
 from mindformers_core.pipeline.runtime import PipelineStage
 from mindformers_core.sharding import Layout
+from mindformers_core.sharding.annotations import global_shape_of, layout_of
 from mindformers_core.sharding.parallelize import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel
 from tests.bodies.gpt_tp_body import batches, make_config
@@ -58,7 +59,7 @@ def run(pp, dp, tp, sp=False, modes=("pynative", "jit"), micro_batch_num=2):
         for p in st.params:
             name = re.sub(r"decoder\.layers\.(\d+)\.",
                           lambda m_: f"decoder.layers.{numbers[int(m_.group(1))] - 1}.", p.name)
-            sl = p.mfc_layout.local_slice(p.mfc_global_shape, rank)
-            shards[name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], p.mfc_global_shape)
+            sl = layout_of(p).local_slice(global_shape_of(p), rank)
+            shards[name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], global_shape_of(p))
         result[f"pp{pp}_dp{dp}_tp{tp}{'_sp' if sp else ''}/{mode}"] = {"losses": losses, "shards": shards}
     return result

@@ -6,6 +6,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_core.distributed import get_env
+from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
 from mindformers_core.sharding.parallelize import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel, TransformerConfig
 
@@ -70,13 +71,13 @@ def run(configs, modes=("pynative", "jit"), with_reference=False):
             model = GPTModel(config)
             sample = batches()[0]
             parallelize(model, config, sample[:, :-1], sample[:, 1:])
-            layout = model.mfc_sharding_plan.input_layouts[0]
+            layout = sharding_plan_of(model).input_layouts[0]
             shape = sample[:, :-1].shape
             losses = train(model, batches(), lambda a: a[layout.local_slice(shape, rank)], mode)
             shards = {}
             for p in model.trainable_params():
-                sl = p.mfc_layout.local_slice(p.mfc_global_shape, rank)
-                shards[p.name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], p.mfc_global_shape)
+                sl = layout_of(p).local_slice(global_shape_of(p), rank)
+                shards[p.name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], global_shape_of(p))
             result[f"{name}/{mode}"] = {"losses": losses, "shards": shards,
-                                        "redistributions": len(model.mfc_sharding_plan.redistributions)}
+                                        "redistributions": len(sharding_plan_of(model).redistributions)}
     return result

@@ -6,6 +6,7 @@ from mindspore import Tensor
 from mindformers_core.distributed import get_env
 from mindformers_core.hsdp import hsdp
 from mindformers_core.optim import AdamW
+from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
 from mindformers_core.sharding.parallelize import parallelize
 from mindformers_core.transformer import GPTModel
 from tests.bodies.gpt_tp_body import batches, make_config
@@ -45,7 +46,7 @@ def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), shard_
         model = GPTModel(cfg)
         sample = batches()[0]
         parallelize(model, cfg, sample[:, :-1], sample[:, 1:])
-        layout = model.mfc_sharding_plan.input_layouts[0]
+        layout = sharding_plan_of(model).input_layouts[0]
         shape = sample[:, :-1].shape
         # level3: a decoder layer is one unit (one compiled island under jit, not one per Linear)
         units = ["decoder.layers.*"] if level == "level3" else None
@@ -57,7 +58,7 @@ def run(levels=("level1", "level2", "level3"), modes=("pynative", "jit"), shard_
         shards = {}
         for p in model.trainable_params():
             value = full[p.name]
-            sl = p.mfc_layout.local_slice(p.mfc_global_shape, rank)
-            shards[p.name] = (value, [(s.start, s.stop) for s in sl], p.mfc_global_shape)
+            sl = layout_of(p).local_slice(global_shape_of(p), rank)
+            shards[p.name] = (value, [(s.start, s.stop) for s in sl], global_shape_of(p))
         out[f"{level}/{mode}"] = {"losses": losses, "shards": shards}
     return out

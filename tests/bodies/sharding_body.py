@@ -5,6 +5,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_core.distributed import get_env
+from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
 from mindformers_core.sharding.parallelize import GradientReducer, parallelize
 from tests.sharding_models import MODELS, plain_plan
 
@@ -37,7 +38,7 @@ def run(models, dp, tp, steps_jit=True):
         if name.startswith("plain"):   # no shard() in the model: styles from outside
             plan = {f"model.{k}": v for k, v in plain_plan(sequence_parallel=name.endswith("_sp")).items()}
         parallelize(model, {"dp": dp, "tp": tp}, x, plan=plan)
-        plan = model.mfc_sharding_plan
+        plan = sharding_plan_of(model)
         local_x = x[plan.input_layouts[0].local_slice(shape, rank)]
         fn, params = _grad_fn(model)
         reducer = GradientReducer(params)
@@ -53,7 +54,7 @@ def run(models, dp, tp, steps_jit=True):
         for mode, (loss, grads) in results.items():
             errs = {}
             for p, g in zip(params, grads):
-                expect = ref_grads[p.name][p.mfc_layout.local_slice(p.mfc_global_shape, rank)]
+                expect = ref_grads[p.name][layout_of(p).local_slice(global_shape_of(p), rank)]
                 errs[p.name] = _rel(g.asnumpy(), expect)
             entry[mode] = {"loss": float(loss), "ref_loss": float(ref_loss),
                            "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),

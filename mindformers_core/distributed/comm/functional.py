@@ -18,7 +18,9 @@ from .capabilities import emulation_forced
 _CELLS: Dict[Tuple[Any, ...], Any] = {}
 
 
-def _cached(key, build):
+def cached_comm_cell(key, build):
+    """The collective Cell ``build()`` makes for ``key``, built once per process (and per emulation
+    mode) so that every caller of one collective on one group shares its Cell."""
     key = key + (emulation_forced(),)
     cell = _CELLS.get(key)
     if cell is None:
@@ -69,10 +71,10 @@ def all_reduce(x, op: str = "sum", group: Optional[ProcessGroup] = None, async_o
     """Reduce over the group (``sum``, ``avg``, ``max``, ``min``); every rank gets the result."""
     g = resolve_group(group)
     if op in ("sum", "avg"):
-        cell = _cached(("all_reduce", g.ranks, op), lambda: A.Differentiable(
+        cell = cached_comm_cell(("all_reduce", g.ranks, op), lambda: A.Differentiable(
             K.AllReduceKernel(g, op), K.AllReduceKernel(g, op)))
     elif op in ("max", "min"):
-        cell = _cached(("all_reduce", g.ranks, op), lambda: A.AllReduceExtremum(g, op))
+        cell = cached_comm_cell(("all_reduce", g.ranks, op), lambda: A.AllReduceExtremum(g, op))
     else:
         raise ValueError(f"all_reduce: op={op!r}; valid ops are 'sum', 'avg', 'max', 'min'")
     return _maybe_async(cell(x), async_op)
@@ -81,7 +83,7 @@ def all_reduce(x, op: str = "sum", group: Optional[ProcessGroup] = None, async_o
 def all_gather(x, dim: int = 0, group: Optional[ProcessGroup] = None, async_op: bool = False):
     """Concatenate every rank's ``x`` along ``dim``; backward reduce-scatters the gradient."""
     g = resolve_group(group)
-    cell = _cached(("all_gather", g.ranks, dim), lambda: A.Differentiable(
+    cell = cached_comm_cell(("all_gather", g.ranks, dim), lambda: A.Differentiable(
         K.AllGatherKernel(g, dim), K.ReduceScatterKernel(g, dim)))
     return _maybe_async(cell(x), async_op)
 
@@ -90,7 +92,7 @@ def reduce_scatter(x, dim: int = 0, group: Optional[ProcessGroup] = None, async_
     """Sum over the group and keep this rank's slice along ``dim``; backward all-gathers."""
     g = resolve_group(group)
     _split_size("reduce_scatter", x, dim, g.size)
-    cell = _cached(("reduce_scatter", g.ranks, dim), lambda: A.Differentiable(
+    cell = cached_comm_cell(("reduce_scatter", g.ranks, dim), lambda: A.Differentiable(
         K.ReduceScatterKernel(g, dim), K.AllGatherKernel(g, dim)))
     return _maybe_async(cell(x), async_op)
 
@@ -101,7 +103,7 @@ def all_to_all(x, split_dim: int, concat_dim: int, group: Optional[ProcessGroup]
     concatenated along ``concat_dim``. Backward is the all-to-all with the dims swapped."""
     g = resolve_group(group)
     _split_size("all_to_all", x, split_dim, g.size)
-    cell = _cached(("all_to_all", g.ranks, split_dim, concat_dim), lambda: A.Differentiable(
+    cell = cached_comm_cell(("all_to_all", g.ranks, split_dim, concat_dim), lambda: A.Differentiable(
         K.AllToAllKernel(g, split_dim, concat_dim), K.AllToAllKernel(g, concat_dim, split_dim)))
     return _maybe_async(cell(x), async_op)
 
@@ -109,7 +111,7 @@ def all_to_all(x, split_dim: int, concat_dim: int, group: Optional[ProcessGroup]
 def broadcast(x, src: int, group: Optional[ProcessGroup] = None, async_op: bool = False):
     """Every rank gets global rank ``src``'s ``x``; backward sums the gradients onto ``src``."""
     g = resolve_group(group)
-    cell = _cached(("broadcast", g.ranks, src), lambda: A.Differentiable(
+    cell = cached_comm_cell(("broadcast", g.ranks, src), lambda: A.Differentiable(
         K.BroadcastKernel(g, src), K.ReduceToKernel(g, src)))
     return _maybe_async(cell(x), async_op)
 
@@ -118,7 +120,7 @@ def send(x, dst: int, async_op: bool = False):
     """Send ``x`` to global rank ``dst``. Returns a zero scalar token; adding it to the loss makes
     the backward receive ``x``'s gradient from ``dst`` (whose ``recv`` sends it back)."""
     world = world_group()
-    cell = _cached(("send", dst, tuple(x.shape), str(x.dtype)),
+    cell = cached_comm_cell(("send", dst, tuple(x.shape), str(x.dtype)),
                    lambda: A.Send(world, dst, tuple(x.shape), x.dtype))
     return _maybe_async(cell(x), async_op)
 
@@ -127,7 +129,7 @@ def recv(like, src: int, async_op: bool = False):
     """Receive from global rank ``src`` a tensor with ``like``'s shape and dtype; backward sends
     the gradient back to ``src``."""
     world = world_group()
-    cell = _cached(("recv", src, tuple(like.shape), str(like.dtype)),
+    cell = cached_comm_cell(("recv", src, tuple(like.shape), str(like.dtype)),
                    lambda: A.Recv(world, src, tuple(like.shape), like.dtype))
     return _maybe_async(cell(like), async_op)
 
@@ -145,6 +147,6 @@ def barrier(group: Optional[ProcessGroup] = None) -> None:
     g = resolve_group(group)
     if g.size == 1:
         return
-    kernel = _cached(("barrier", g.ranks), lambda: K.AllReduceKernel(g, "sum"))
+    kernel = cached_comm_cell(("barrier", g.ranks), lambda: K.AllReduceKernel(g, "sum"))
     kernel(ops.ones((1,), ms.float32)).asnumpy()
 

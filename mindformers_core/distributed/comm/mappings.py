@@ -22,12 +22,12 @@ from typing import Optional
 from ..process_group import ProcessGroup, resolve_group
 from . import autograd as A
 from . import kernels as K
-from .functional import _cached, _split_size
+from .functional import _split_size, cached_comm_cell
 
 
 def _pair(name, group, dim, forward, backward):
     g = resolve_group(group)
-    return _cached((name, g.ranks, dim), lambda: A.Differentiable(forward(g), backward(g)))
+    return cached_comm_cell((name, g.ranks, dim), lambda: A.Differentiable(forward(g), backward(g)))
 
 
 def copy_to_region(x, group: Optional[ProcessGroup] = None):

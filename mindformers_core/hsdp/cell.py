@@ -1,0 +1,403 @@
+"""The model wrapped by ``hsdp``: ``HSDPCell`` owns the sharding plan, the groups and the
+collectives; ``TrainStep`` is its compiled/PyNative training micro-step; ``norm_clipper`` the
+global-norm clipping of hsdp-reduced gradients (shared with ``pipeline.py``).
+
+See ``api.py`` for the entry point ``hsdp(cell, ...)``, ``plan.py`` for how ranks and parameters
+are split, ``step.py`` for the step's Cells and docs/hsdp.md for the whole story.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn
+
+from ..distributed.env import get_env
+from ..distributed.process_group import new_group
+from ..sharding.annotations import is_sharded_parameter, layout_of
+from ..sharding.parallelize import forget_cached_shapes
+from . import plan as P
+from .step import Accumulate, Comm, Drain, Gather, GradReducer, ShardedUpdate, accumulation_buffers
+from .units import UnitGathering
+
+_IDS = itertools.count()
+
+
+class HSDPCell(nn.Cell):
+    """The wrapped model: calls ``cell`` and owns the sharding plan, groups and collectives.
+    At level3 the sharded parameters are held as shards; ``units`` (a ``UnitGathering``)
+    gathers them per unit around its forward and backward."""
+
+    def __init__(self, cell: nn.Cell, dp_ranks: Sequence[int], shard_size: int, threshold: float,
+                 level: str, accumulate_grad_step: int, units: Optional[Sequence[str]] = None):
+        super().__init__(auto_prefix=False)
+        env = get_env()
+        self.network = cell
+        self.level, self.shard_size, self.threshold = level, shard_size, threshold
+        self.accumulate_grad_step = accumulate_grad_step
+        shard_ranks, replica_ranks = P.shard_rank_lists(dp_ranks, shard_size, env.rank)
+        # creation order is the same on every rank: dp, shard, replica
+        self.dp_group = new_group(dp_ranks)
+        self.shard_group = new_group(shard_ranks)
+        self.replica_group = new_group(replica_ranks)
+        self._tag = f"{next(_IDS)}"
+        index = self.shard_group.local_rank
+        # a plain list attribute: nn.Cell would register (and rename) a list of Parameters
+        object.__setattr__(self, "_hsdp_params", list(cell.trainable_params()))
+        self.plans: Dict[int, P.ParamPlan] = {}
+        for p in self._hsdp_params:
+            plan = P.plan_param(p.name, p.shape, p.itemsize, shard_size, threshold, index)
+            if layout_of(p) is not None:   # already a tensor-parallel shard
+                plan = dataclasses.replace(plan, reason=plan.reason + " (of the local tp shard)")
+            self.plans[id(p)] = plan
+        self.collectives = Parameter(Tensor(np.zeros((1,), np.float32)), name=f"hsdp_calls_{self._tag}",
+                                     requires_grad=False)
+        self.comm = Comm(self.dp_group, self.shard_group, self.replica_group, self.collectives)
+        self.gather = Gather([pl for _, pl in self.sharded_params()], self.comm)
+        self._unit_gathers: Dict[tuple, Gather] = {}
+        self._full = True
+        self.units: Optional[UnitGathering] = None
+        if level == "level3":
+            self._reshard()
+            self.units = UnitGathering(self, units)
+        self._updaters: Dict[tuple, ShardedUpdate] = {}
+        self._reducers: Dict[tuple, GradReducer] = {}
+
+    # ---- model ------------------------------------------------------------------------------
+    def construct(self, *args, **kwargs):
+        return self.network(*args, **kwargs)
+
+    def plan_of(self, param) -> P.ParamPlan:
+        return self.plans[id(param)]
+
+    def describe(self) -> str:
+        """A table: every parameter, its shape, whether and how it is sharded."""
+        return P.describe([self.plans[id(p)] for p in self._hsdp_params], self.level, self.shard_size)
+
+    def collective_count(self) -> int:
+        """Collectives issued by this wrapper so far (gradient, parameter and loss reductions)."""
+        return int(self.collectives.asnumpy()[0])
+
+    # ---- level3: parameters held as shards between steps -------------------------------------
+    def unit_gather(self, plans: Sequence[P.ParamPlan]) -> Gather:
+        """The bucketed all-gather of these parameters (built once per set)."""
+        key = tuple(id(pl) for pl in plans)
+        if key not in self._unit_gathers:
+            self._unit_gathers[key] = Gather(list(plans), self.comm)
+        return self._unit_gathers[key]
+
+    def sharded_params(self):
+        """``[(parameter, plan)]`` of the parameters this wrapper shards."""
+        return [(p, self.plans[id(p)]) for p in self._hsdp_params if self.plans[id(p)].sharded]
+
+    def _unshard(self) -> None:
+        """Level3: gather every sharded parameter into its full shape (in place)."""
+        if self._full:
+            return
+        pairs = self.sharded_params()
+        if pairs:
+            fulls = self.gather(tuple(p for p, _ in pairs))
+            for (p, _), full in zip(pairs, fulls):
+                p.set_data(full, slice_shape=True)
+            forget_cached_shapes()
+        self._full = True
+
+    def _reshard(self, shards: Optional[Sequence[Tensor]] = None) -> None:
+        """Level3: keep only this rank's shard of every sharded parameter (given, or cut from the
+        full value)."""
+        pairs = self.sharded_params()
+        if shards is None:
+            shards = []
+            for p, plan in pairs:
+                if tuple(p.shape) == plan.shard_shape and plan.shard_shape != plan.shape:
+                    shards.append(None)   # already a shard
+                    continue
+                shards.append(Tensor(self.shard_of(p, p.asnumpy())))
+        resized = False
+        for (p, _), s in zip(pairs, shards):
+            if s is not None:
+                p.set_data(s, slice_shape=True)
+                resized = True
+        if resized:   # e.g. a lookup traced by parallelize on the full table cached its shape
+            forget_cached_shapes()
+        self._full = False
+
+    @contextlib.contextmanager
+    def unsharded(self) -> Iterator["HSDPCell"]:
+        """Level3: full parameters inside the block (e.g. evaluation, saving); shards after it.
+        Changes made to the full parameters inside the block are kept. No-op at level1/2."""
+        if self.level != "level3":
+            yield self
+            return
+        self._unshard()
+        try:
+            yield self
+        finally:
+            if self._full:
+                self._reshard()
+
+    @property
+    def holds_full_params(self) -> bool:
+        """Level3: True while the parameters are gathered (inside ``unsharded()``), False while
+        they are this rank's shards. Always True at level1/2."""
+        return self._full
+
+    def gather_full_params(self) -> Dict[str, np.ndarray]:
+        """Every trainable parameter's full local value, by name (collective at level3)."""
+        with self.unsharded():
+            return {p.name: p.asnumpy().copy() for p in self._hsdp_params}
+
+    # ---- optimizer ----------------------------------------------------------------------------
+    def optimizer_plans(self, optimizer) -> List[P.ParamPlan]:
+        """The ``ParamPlan`` of each parameter ``optimizer`` updates, in its order (checks that it
+        follows the Optimizer protocol and only updates parameters of the wrapped cell)."""
+        params = getattr(optimizer, "parameters", None)
+        if params is None or not hasattr(optimizer, "apply") or not hasattr(optimizer, "state_of"):
+            raise TypeError(f"hsdp: optimizer {type(optimizer).__name__} must follow the "
+                            "mindformers_core.optim.Optimizer protocol (parameters, apply, state_of); "
+                            "use mindformers_core.optim.AdamW")
+        out = []
+        for p in params:
+            if id(p) not in self.plans:
+                raise ValueError(f"hsdp: the optimizer updates {p.name!r}, which is not a trainable "
+                                 "parameter of the wrapped cell; build it from wrapped.trainable_params()")
+            out.append(self.plans[id(p)])
+        return out
+
+    def shard_optimizer(self, optimizer):
+        """Shrink the optimizer's states of sharded parameters to this rank's shard (in place,
+        same Parameter objects). Idempotent; returns the optimizer."""
+        plans = self.optimizer_plans(optimizer)
+        for i, plan in enumerate(plans):
+            if not plan.sharded:
+                continue
+            for state in optimizer.state_of(i):
+                shape = tuple(state.shape)
+                if shape == plan.shard_shape:
+                    continue
+                if shape != plan.shape:
+                    raise ValueError(f"hsdp: optimizer state {state.name!r} has shape {shape}; expected "
+                                     f"{plan.shape} (full) or {plan.shard_shape} (shard)")
+                state.set_data(Tensor(self.shard_of(optimizer.parameters[i], state.asnumpy())), slice_shape=True)
+        return optimizer
+
+    def shard_of(self, param, full: np.ndarray) -> np.ndarray:
+        """This rank's hsdp shard of ``full`` (an array shaped like ``param``'s full local value,
+        e.g. an optimizer state read from a checkpoint); ``full`` itself when not sharded."""
+        plan = self.plans[id(param)]
+        if not plan.sharded:
+            return full
+        index = [slice(None)] * len(plan.shape)
+        index[plan.dim] = slice(plan.offset, plan.offset + plan.shard_shape[plan.dim])
+        return full[tuple(index)]
+
+    def full_optimizer_states(self, optimizer) -> List[List[np.ndarray]]:
+        """Every optimizer state at its full shape (sharded ones all-gathered over the shard group:
+        a collective), per optimizer parameter — what a checkpoint stores."""
+        plans = self.optimizer_plans(optimizer)
+        out = [[s.asnumpy() for s in optimizer.state_of(i)] for i in range(len(plans))]
+        position = {id(p): i for i, p in enumerate(optimizer.parameters)}
+        order = [position[id(p)] for p, _ in self.sharded_params() if id(p) in position]
+        if not order or len(order) != len(self.sharded_params()):
+            return out   # nothing sharded, or an optimizer over a subset (the bucketed gather needs all)
+        for k in range(len(out[order[0]])):
+            fulls = self.gather(tuple(optimizer.state_of(i)[k] for i in order))
+            for i, full in zip(order, fulls):
+                out[i][k] = full.asnumpy()
+        return out
+
+    # ---- the manual pair (PyNative) -----------------------------------------------------------
+    def reduce_gradients(self, grads: Sequence[Tensor], params: Optional[Sequence[Parameter]] = None):
+        """Average ``grads`` (of ``params``, default ``trainable_params()``) over the dp group:
+        full tensors for unsharded parameters and at level1, this rank's shard at level2/3."""
+        params = list(params) if params is not None else self._hsdp_params
+        key = tuple(id(p) for p in params)
+        reducer = self._reducers.get(key)
+        if reducer is None:
+            plans = [self.plans[id(p)] for p in params]
+            reducer = self._reducers[key] = GradReducer(plans, self.level, self.comm,
+                                                        1.0 / self.dp_group.size)
+        return reducer(tuple(grads), Tensor(np.zeros((), np.float32)))[0]
+
+    def sharded_update(self, optimizer, params_sharded: bool = False) -> ShardedUpdate:
+        """The (cached) Cell updating this rank's shards with ``optimizer`` from reduced gradients;
+        shards the optimizer's states on first use."""
+        key = (id(optimizer), params_sharded)
+        up = self._updaters.get(key)
+        if up is None:
+            plans = self.optimizer_plans(optimizer)
+            self.shard_optimizer(optimizer)
+            up = self._updaters[key] = ShardedUpdate(optimizer, plans, self.level, self.comm, params_sharded)
+        return up
+
+    def apply_gradients(self, grads: Sequence[Tensor], optimizer) -> None:
+        """Step ``optimizer`` with reduced gradients (from ``reduce_gradients``, in the optimizer's
+        parameter order). Level3: the shards are updated in place; inside ``unsharded()`` the full
+        parameters are, and they are shards again afterwards."""
+        if self.level == "level3" and not self._full:
+            if self.units is None:
+                raise RuntimeError("hsdp level3 over pipeline stages: apply_gradients needs the full "
+                                   "parameters; apply them inside `with wrapped.unsharded():`")
+            self.sharded_update(optimizer, params_sharded=True)(tuple(grads))
+            return
+        shards = self.sharded_update(optimizer)(tuple(grads))
+        if self.level == "level3":
+            self._reshard(shards)
+
+    # ---- the training step ------------------------------------------------------------------
+    def train_step(self, loss_fn: Callable, optimizer, mode: str = "pynative",
+                   max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
+                   norm_weights: Optional[Sequence[float]] = None) -> "TrainStep":
+        """A callable ``step(*batch) -> loss`` doing one micro-step (see ``TrainStep``)."""
+        return TrainStep(self, loss_fn, optimizer, mode, max_grad_norm, norm_groups, norm_weights)
+
+
+def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm: Optional[float],
+                 norm_groups: Sequence = (), norm_weights: Optional[Sequence[float]] = None):
+    """Global-norm clipping of hsdp-reduced gradients (None without ``max_grad_norm``): sharded
+    pieces (level2/3) count once, pieces replicated over the shard group ``1/shard_size`` times
+    each; ``norm_groups`` (tensor/pipeline groups) and ``norm_weights`` extend it to model parallelism."""
+    if max_grad_norm is None:
+        return None
+    from ..optim.clip import ClipGradNorm
+    level, s = wrapped.level, wrapped.shard_size
+    weights = [1.0 if (pl.sharded and level != "level1") else 1.0 / s for pl in plans]
+    if norm_weights is not None:
+        if len(norm_weights) != len(plans):
+            raise ValueError(f"train_step: norm_weights has {len(norm_weights)} entries for {len(plans)} parameters")
+        weights = [w * float(u) for w, u in zip(weights, norm_weights)]
+    groups = ([wrapped.shard_group] if s > 1 else []) + list(norm_groups)
+    return ClipGradNorm(max_grad_norm, groups, weights)
+
+
+class TrainStep:
+    """One micro-step per call: ``loss_fn(*batch)`` (a function or Cell computing the loss of
+    this rank's batch with the wrapped model), gradients, and on every
+    ``accumulate_grad_step``-th call the reduction, optional clipping and the optimizer step.
+
+    Returns this micro-step's local loss, except on the last micro-step: the loss averaged over
+    the micro-steps and the data-parallel group (the global-batch loss for a mean loss).
+
+    ``mode="jit"`` compiles two graphs (accumulate-only and full step); the parameters are passed
+    to them as arguments, so in-place changes between steps are seen by the graphs. At level3 the
+    parameters change shape inside the step (``hsdp/units.py``): the forward/backward runs in
+    PyNative with every unit compiled as its own graph, and the accumulation and the
+    reduce/clip/update step are compiled. ``max_grad_norm`` clips by the global norm: sharded gradient
+    pieces count once, pieces replicated over the shard group ``1/shard_size`` times each;
+    ``norm_groups`` (e.g. tensor- and pipeline-parallel groups) and ``norm_weights`` (per
+    parameter, e.g. ``optim.replication_weights``) extend it to model parallelism.
+    """
+
+    def __init__(self, wrapped: HSDPCell, loss_fn: Callable, optimizer, mode: str = "pynative",
+                 max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
+                 norm_weights: Optional[Sequence[float]] = None):
+        if mode not in ("pynative", "jit"):
+            raise ValueError(f"train_step: mode={mode!r}; valid modes are 'pynative' and 'jit'")
+        self.wrapped, self.mode = wrapped, mode
+        plans = wrapped.optimizer_plans(optimizer)
+        self.params = tuple(optimizer.parameters)
+        k, dp = wrapped.accumulate_grad_step, wrapped.dp_group.size
+        self.k, self.micro = k, 0
+        self.grad_fn = ms.value_and_grad(loss_fn, None, ParameterTuple(self.params))
+        # A model sharded by ``parallelize`` already returns the global loss and scales its
+        # backward by 1/dp (its gradients are partial sums over dp): sum them over dp, and first
+        # sum the model-parallel axes (e.g. tp for sequence-parallel norm weights).
+        self.sharded_model = any(is_sharded_parameter(p) for p in self.params)
+        self.model_parallel_reducer = None
+        if self.sharded_model:
+            from ..sharding.parallelize import GradientReducer as ModelParallelReducer
+            self.model_parallel_reducer = ModelParallelReducer(self.params, skip_axes=("dp",))
+        self.loss_scale = float(dp) if self.sharded_model else 1.0
+        scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)
+        self.reducer = GradReducer(plans, wrapped.level, wrapped.comm, scale)
+        self.units = wrapped.units
+        self.updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
+        if self.units is not None and mode == "jit":
+            self.units.make_islands()
+        self.clipper = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
+        self.accumulate = self.drain = None
+        if k > 1:
+            bufs, loss_buf = accumulation_buffers(plans, self.params, wrapped._tag)
+            self.accumulate, self.drain = Accumulate(bufs, loss_buf), Drain(bufs, loss_buf)
+        self._fns: Dict[int, tuple] = {}
+        self.grad_norm = None   # the last optimizer step's global norm (before clipping), when clipping
+
+    def _build(self, n: int):
+        grad_fn, reducer, updater = self.grad_fn, self.reducer, self.updater
+        clipper, accumulate, drain = self.clipper, self.accumulate, self.drain
+        accumulating, clipping = drain is not None, clipper is not None
+        mp_reducer, sharded_model, loss_scale = self.model_parallel_reducer, self.sharded_model, self.loss_scale
+
+        def reduce_and_update(grads, loss):
+            if accumulating:
+                grads, loss = drain(grads, loss)
+            if sharded_model:
+                grads = mp_reducer(grads)
+            grads, loss = reducer(grads, loss)
+            if sharded_model:
+                loss = loss / loss_scale     # every rank held the global loss: undo the dp sum
+            norm = loss
+            if clipping:
+                grads, norm = clipper(grads)
+            shards = updater(grads)
+            return loss, shards, norm
+
+        if self.units is not None:   # level3 per unit: the forward/backward changes parameter shapes
+            return self._build_per_unit(n, reduce_and_update)
+
+        def micro_step(*args):
+            loss, grads = grad_fn(*args[:n])
+            return accumulate(grads, loss)
+
+        def full_step(*args):
+            loss, grads = grad_fn(*args[:n])
+            return reduce_and_update(grads, loss)
+
+        if self.mode == "jit":
+            return ms.jit(micro_step), ms.jit(full_step)
+        return micro_step, full_step
+
+    def _build_per_unit(self, n: int, reduce_and_update):
+        grad_fn, accumulate, units, jit = self.grad_fn, self.accumulate, self.units, self.mode == "jit"
+
+        def finish(grads, loss, *params):   # the parameters as arguments: read at every call
+            return reduce_and_update(grads, loss)
+
+        def add(grads, loss):
+            return accumulate(grads, loss)
+        finish = ms.jit(finish) if jit else finish
+        add = ms.jit(add) if (jit and accumulate is not None) else add
+
+        def gradients(args):
+            units.reset_peak()
+            loss, grads = grad_fn(*args[:n])
+            units.check_closed()
+            # a plain tuple of Tensors is a constant to ms.jit: recompiled at every call
+            return (ms.mutable(tuple(grads)) if jit else grads), loss
+
+        def micro_step(*args):
+            return add(*gradients(args))
+
+        def full_step(*args):
+            return finish(*gradients(args), *self.params)
+        return micro_step, full_step
+
+    def __call__(self, *batch):
+        fns = self._fns.get(len(batch))
+        if fns is None:
+            fns = self._fns[len(batch)] = self._build(len(batch))
+        micro_step, full_step = fns
+        if self.units is not None and self.wrapped.holds_full_params:
+            raise RuntimeError("hsdp level3: the train step runs on the shards (each unit gathers its own "
+                               "weights); call it outside `with wrapped.unsharded():`")
+        if self.micro < self.k - 1:
+            self.micro += 1
+            return micro_step(*batch, *self.params)
+        self.micro = 0
+        loss, _, norm = full_step(*batch, *self.params)
+        self.grad_norm = norm if self.clipper is not None else None
+        return loss
