@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 from mindformers_core.pipeline import MetaStepType as T, simulate, stages_of_rank  # noqa: E402
 from mindformers_core.pipeline.replay import replay  # noqa: E402
-from mindformers_core.pipeline.visualizer import _parse_rows, split_iterations, timeline_from_trace  # noqa: E402
+from mindformers_core.pipeline.render import parse_trace_rows, split_iterations, timeline_from_trace  # noqa: E402
 from mindformers_core.testing import run_msrun  # noqa: E402
 
 from bench.pipeline_body import SCHEDULES, single_process_step  # noqa: E402
@@ -113,7 +113,7 @@ def analyse(per_rank, baseline):
     first = per_rank[0]
     pp_size = len(per_rank)
     sched = schedule_of(first["schedule"], first["micro_batch_num"], pp_size)
-    traces = {r["rank"]: _parse_rows(r["trace"], f"rank {r['rank']}") for r in per_rank}
+    traces = {r["rank"]: parse_trace_rows(r["trace"], f"rank {r['rank']}") for r in per_rank}
     runs_by_rank = {rank: split_iterations(tr) for rank, tr in traces.items()}
     iterations = min(len(v) for v in runs_by_rank.values())
     measured, gaps = [], []

@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 from mindspore import nn  # noqa: E402
 
 from mindformers_core.sharding import Layout, plan_redistribution  # noqa: E402
-from mindformers_core.sharding.parallelize import _default_input_layouts, mesh_layout  # noqa: E402
+from mindformers_core.sharding.parallelize import default_input_layouts, mesh_layout  # noqa: E402
 from mindformers_core.sharding.propagation import collect_declarations, propagate  # noqa: E402
 from mindformers_core.sharding.trace import trace  # noqa: E402
 from tests.sharding_models import Block  # noqa: E402
@@ -71,7 +71,7 @@ def main():
             graph = trace(model, ((B * args.dp, S, H), "float32"))
             t1 = time.perf_counter()
             plan = propagate(graph, mesh, collect_declarations(graph, config),
-                             _default_input_layouts(graph, mesh))
+                             default_input_layouts(graph, mesh))
             t2 = time.perf_counter()
             # boundary traffic only: the model input's own slicing is not part of Megatron's count
             ours = sum(r.bytes_per_rank for r in plan.redistributions if r.where != "enter of <model> tensor 0")

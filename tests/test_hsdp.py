@@ -6,8 +6,8 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindformers_core.hsdp import cell as hsdp_cell
-from mindformers_core.hsdp import describe, hsdp, plan_param, shard_rank_lists, zero_bytes
-from mindformers_core.hsdp.step import Comm, Gather, GradReducer
+from mindformers_core.hsdp import hsdp, plan_param, plan_table, shard_rank_lists, zero_bytes
+from mindformers_core.hsdp.step import Comm, DataParallelGradReducer, Gather
 from mindformers_core.optim import AdamW
 from tests.bodies import hsdp_body as body
 
@@ -63,7 +63,7 @@ def test_plan_param():
     assert not plan_param("odd", (5, 7), 4, 2, 0, 0).sharded
     assert "no dim" in plan_param("odd", (5, 7), 4, 2, 0, 0).reason
     assert not plan_param("w", (64, 16), 4, 1, 0, 0).sharded      # shard_size 1 = data parallel
-    text = describe([plan_param("w", (64, 16), 4, 4, 1, 0), plan_param("b", (64,), 4, 4, 1, 0)], "level3", 4)
+    text = plan_table([plan_param("w", (64, 16), 4, 4, 1, 0), plan_param("b", (64,), 4, 4, 1, 0)], "level3", 4)
     assert "w" in text and "(16, 16)" in text and "sharded 4.0 KB of 4.2 KB" in text
 
 
@@ -113,7 +113,7 @@ def test_bucket_layout_for_dim0_and_dim1_shards(mode):
     rng = np.random.default_rng(0)
     grads = tuple(Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in plans)
     comm = _fake_comm()
-    reducer = GradReducer(plans, "level2", comm, 0.5)
+    reducer = DataParallelGradReducer(plans, "level2", comm, 0.5)
     gather = Gather([plans[0], plans[1]], comm)
     run_r = ms.jit(_call2(reducer)) if mode == "jit" else reducer
     run_g = ms.jit(_call1(gather)) if mode == "jit" else gather

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from mindformers_core import pipeline as pp
-from mindformers_core.pipeline.visualize import build_schedule, order_to_json, parse_step, run
+from mindformers_core.pipeline.visualize import order_to_json, parse_step, run, schedule_from_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SVG = "{http://www.w3.org/2000/svg}"
@@ -36,7 +36,7 @@ def test_cli_prints_chart_and_writes_svg(tmp_path, name, extra):
     svg = tmp_path / f"{name}.svg"
     res = cli("--schedule", name, "--stages", "4", "--microbatches", "8", *extra, "--svg", str(svg))
     assert res.returncode == 0, res.stderr
-    sched = build_schedule(name, 4, 8)
+    sched = schedule_from_name(name, 4, 8)
     tl = pp.simulate(sched)
     lines = res.stdout.splitlines()
     assert [line.split("|")[0].strip() for line in lines if "|" in line][1:] == [f"rank {r}" for r in range(4)]

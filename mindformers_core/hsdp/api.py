@@ -53,7 +53,7 @@ def hsdp(cell, shard_size: int = 1, threshold: float = 64, optimizer_level: str 
         raise TypeError(f"hsdp: cell must be a mindspore.nn.Cell, a pipeline stage (PipelineStage) or a "
                         f"list of this rank's stages, got {type(cell).__name__}")
     ranks = dp_ranks(dp_group, cell)
-    size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
+    size = P.check_hsdp_arguments(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
     _check_units(units, optimizer_level)
     return HSDPCell(cell, ranks, size, float(threshold), optimizer_level, accumulate_grad_step, units=units)
 

@@ -21,7 +21,8 @@ from ..distributed.process_group import new_group
 from ..sharding.annotations import is_sharded_parameter, layout_of
 from ..sharding.parallelize import forget_cached_shapes
 from . import plan as P
-from .step import Accumulate, Comm, Drain, Gather, GradReducer, ShardedUpdate, accumulation_buffers
+from .step import (Accumulate, Comm, DataParallelGradReducer, Drain, Gather, ShardedUpdate,
+                   accumulation_buffers)
 from .units import UnitGathering
 
 _IDS = itertools.count()
@@ -65,7 +66,7 @@ class HSDPCell(nn.Cell):
             self._reshard()
             self.units = UnitGathering(self, units)
         self._updaters: Dict[tuple, ShardedUpdate] = {}
-        self._reducers: Dict[tuple, GradReducer] = {}
+        self._reducers: Dict[tuple, DataParallelGradReducer] = {}
 
     # ---- model ------------------------------------------------------------------------------
     def construct(self, *args, **kwargs):
@@ -76,7 +77,7 @@ class HSDPCell(nn.Cell):
 
     def describe(self) -> str:
         """A table: every parameter, its shape, whether and how it is sharded."""
-        return P.describe([self.plans[id(p)] for p in self._hsdp_params], self.level, self.shard_size)
+        return P.plan_table([self.plans[id(p)] for p in self._hsdp_params], self.level, self.shard_size)
 
     def collective_count(self) -> int:
         """Collectives issued by this wrapper so far (gradient, parameter and loss reductions)."""
@@ -219,7 +220,7 @@ class HSDPCell(nn.Cell):
         reducer = self._reducers.get(key)
         if reducer is None:
             plans = [self.plans[id(p)] for p in params]
-            reducer = self._reducers[key] = GradReducer(plans, self.level, self.comm,
+            reducer = self._reducers[key] = DataParallelGradReducer(plans, self.level, self.comm,
                                                         1.0 / self.dp_group.size)
         return reducer(tuple(grads), Tensor(np.zeros((), np.float32)))[0]
 
@@ -309,11 +310,11 @@ class TrainStep:
         self.sharded_model = any(is_sharded_parameter(p) for p in self.params)
         self.model_parallel_reducer = None
         if self.sharded_model:
-            from ..sharding.parallelize import GradientReducer as ModelParallelReducer
-            self.model_parallel_reducer = ModelParallelReducer(self.params, skip_axes=("dp",))
+            from ..sharding.parallelize import GradientReducer
+            self.model_parallel_reducer = GradientReducer(self.params, skip_axes=("dp",))
         self.loss_scale = float(dp) if self.sharded_model else 1.0
         scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)
-        self.reducer = GradReducer(plans, wrapped.level, wrapped.comm, scale)
+        self.reducer = DataParallelGradReducer(plans, wrapped.level, wrapped.comm, scale)
         self.units = wrapped.units
         self.updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
         if self.units is not None and mode == "jit":

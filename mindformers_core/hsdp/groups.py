@@ -14,8 +14,8 @@ def plan_dp_ranks(cell) -> Optional[List[int]]:
     plan = sharding_plan_of(cell)
     if plan is None or "dp" not in plan.mesh.alias_name:
         return None
-    from ..sharding.dtensor import mesh_of
-    mesh = mesh_of(plan.mesh)
+    from ..sharding.dtensor import device_mesh_of
+    mesh = device_mesh_of(plan.mesh)
     return list(mesh.group_ranks(("dp",)))
 
 

@@ -37,7 +37,7 @@ from ..sharding.annotations import is_sharded_parameter
 from . import plan as P
 from .cell import HSDPCell, norm_clipper
 from .groups import dp_ranks, plan_dp_ranks
-from .step import GradReducer
+from .step import DataParallelGradReducer
 
 STAGE_ATTRS = ("cell", "params", "stage_index", "stage_num", "dp_group")
 
@@ -117,7 +117,7 @@ def hsdp_stages(stages, shard_size: int = 1, threshold: float = 64, optimizer_le
                          "pipeline stages (valid: 1); the schedule already sums the gradients of its "
                          "micro_batch_num microbatches before hsdp reduces them once: raise micro_batch_num")
     ranks = stage_dp_ranks(stages, dp_group)
-    size = P.validate(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
+    size = P.check_hsdp_arguments(shard_size, threshold, optimizer_level, accumulate_grad_step, len(ranks))
     return HSDPStages(stages, ranks, size, float(threshold), optimizer_level, units)
 
 
@@ -202,10 +202,10 @@ class PipelineTrainStep:
         sharded_model = any(is_sharded_parameter(p) for p in self.params)
         mp_reducer = None
         if sharded_model:
-            from ..sharding.parallelize import GradientReducer as ModelParallelReducer
-            mp_reducer = ModelParallelReducer(self.params, skip_axes=("dp",))
+            from ..sharding.parallelize import GradientReducer
+            mp_reducer = GradientReducer(self.params, skip_axes=("dp",))
         loss_scale = float(dp) if sharded_model else 1.0
-        reducer = GradReducer(plans, wrapped.level, wrapped.comm, 1.0 if sharded_model else 1.0 / dp)
+        reducer = DataParallelGradReducer(plans, wrapped.level, wrapped.comm, 1.0 if sharded_model else 1.0 / dp)
         self.units = wrapped.units
         updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
         if self.units is not None and mode == "jit":

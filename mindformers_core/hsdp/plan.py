@@ -26,7 +26,7 @@ def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def validate(shard_size, threshold, optimizer_level, accumulate_grad_step, dp_size: int) -> int:
+def check_hsdp_arguments(shard_size, threshold, optimizer_level, accumulate_grad_step, dp_size: int) -> int:
     """Check hsdp's arguments; return the effective shard size (``-1`` means ``dp_size``).
 
     Raises ValueError naming the argument, the value and the valid values.
@@ -131,7 +131,7 @@ def plan_param(name: str, shape: Sequence[int], itemsize: int, shard_size: int, 
     return keep(f"no dim of {shape} is divisible by shard_size={shard_size}")
 
 
-def describe(plans: Sequence[ParamPlan], level: str, shard_size: int) -> str:
+def plan_table(plans: Sequence[ParamPlan], level: str, shard_size: int) -> str:
     """A table of the plan: one row per parameter."""
     rows = [f"hsdp {level} (ZeRO-{ZERO_STAGE[level]}), shard_size={shard_size}",
             f"{'parameter':40s} {'shape':>16s} {'KB':>9s} {'held shape':>16s}  note"]

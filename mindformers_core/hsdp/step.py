@@ -2,7 +2,7 @@
 
 * ``Collective``: a forward-only collective kernel that counts its calls in a Parameter (the
   count is exact in both modes: the graph itself increments it);
-* ``GradReducer``: gradient (and loss) reduction over the data-parallel group, scaled by
+* ``DataParallelGradReducer``: gradient (and loss) reduction over the data-parallel group, scaled by
   ``1 / (dp size * accumulate_grad_step)``. Tensors are bucketed, so one step issues one
   all-reduce over the dp group (unsharded parameters, every parameter at level1, and the loss)
   and, at level2/3, one reduce-scatter over the shard group plus one all-reduce over the
@@ -45,7 +45,9 @@ class Collective(nn.Cell):
         return ops.depend(y, ops.assign_add(self.counter, self.one))
 
 
-class Identity(nn.Cell):
+class NoCollective(nn.Cell):
+    """What a collective over a one-rank group does: nothing (and it is not counted)."""
+
     def __init__(self):
         super().__init__(auto_prefix=False)
 
@@ -58,7 +60,7 @@ class Comm:
 
     def __init__(self, dp: ProcessGroup, shard: ProcessGroup, replica: ProcessGroup, counter: Parameter):
         def counted(group, kernel):
-            return Collective(kernel, counter) if group.size > 1 else Identity()
+            return Collective(kernel, counter) if group.size > 1 else NoCollective()
         self.shard_size = shard.size
         self.dp_sum = counted(dp, K.AllReduceKernel(dp, "sum"))
         self.replica_sum = counted(replica, K.AllReduceKernel(replica, "sum"))
@@ -95,7 +97,7 @@ def _from_moved(x, inverse):
     return x
 
 
-class GradReducer(nn.Cell):
+class DataParallelGradReducer(nn.Cell):
     """``construct(grads, loss) -> (local gradients, loss)``: full tensors for unsharded
     parameters and at level1, this rank's shard of sharded parameters at level2/3; the loss
     summed over the dp group; everything times ``scale``."""

@@ -9,8 +9,8 @@ where ``groups`` are the orthogonal groups the pieces are spread over (e.g. the 
 pipeline and hsdp shard groups) and ``weight_i = 1 / (number of ranks in those groups holding
 the same copy of piece i)``: 1 for a piece split over every group, ``1/tp`` for a LayerNorm
 weight replicated over the tensor-parallel group, ... ``replication_weights`` derives the
-weights from parameters' layouts (``sharding.annotations.layout_of``). Groups must be orthogonal (their product holds each
-rank once): the all-reduces run one after the other.
+weights from parameters' layouts (``sharding.annotations.layout_of``). Groups must be orthogonal
+(their product holds each rank once): the all-reduces run one after the other.
 
 ``ClipGradNorm`` is a Cell for use inside ``ms.jit`` (build it outside, call it inside);
 ``clip_grad_norm`` is the PyNative convenience function.

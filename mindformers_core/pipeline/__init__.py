@@ -12,7 +12,7 @@ from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge
 from .planner import (LayerCost, LayerProfile, StagePlan, auto_stage_plan, measure_layers, measure_stage_times,
                       plan_stages, report, stage_times_from_trace)
 from .replay import StepTiming
-from .schedule import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
+from .schedule_base import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
 from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
                         ScheduleZeroBubbleV, build_schedule)
 from .simulator import Timeline, simulate
@@ -20,7 +20,7 @@ from .stage import StageInfo, stages_of_rank
 from .stage_split import split_model
 from .svg import render_svg, save_svg
 from .validator import validate_schedule
-from .visualizer import load_trace, render_text, save_trace, timeline_from_trace, to_chrome_trace, trace_to_dict
+from .render import load_trace, render_text, save_trace, timeline_from_trace, to_chrome_trace, trace_to_dict
 
 __all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "ReplicateSpec", "TensorChunkSpec",
            "merge_microbatches", "split_microbatches",

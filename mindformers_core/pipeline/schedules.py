@@ -22,7 +22,7 @@ from .communication import add_communication
 from .costs import StepCosts
 from .meta_step import MetaStep, MetaStepType as T
 from .replay import replay
-from .schedule import PipelineScheduleMulti, PipelineScheduleSingle
+from .schedule_base import PipelineScheduleMulti, PipelineScheduleSingle
 from .zero_bubble import greedy_split_backward_order
 
 

@@ -37,7 +37,7 @@ class Timeline:
     peak_until_weight_grad: Dict[int, int]
 
 
-def _peaks(steps: Dict[int, List[StepTiming]]):
+def in_flight_peaks(steps: Dict[int, List[StepTiming]]):
     """Peak (FWD done, input gradient not) per rank and per stage; peak (FWD done, BWD or
     BWD_WEIGHT not) per rank."""
     per_rank, per_stage, until_w = {}, {}, {}
@@ -81,5 +81,5 @@ def simulate(exec_order, fwd_time: float = 1.0, bwd_time: float = 2.0,
     busy = {r: sum(t.end - t.start for t in ts if t.step.type.is_compute) for r, ts in steps.items()}
     bubble = {r: (1 - b / makespan) if makespan else 0.0 for r, b in busy.items()}
     total = (1 - sum(busy.values()) / (makespan * len(steps))) if makespan else 0.0
-    per_rank, per_stage, until_w = _peaks(steps)
+    per_rank, per_stage, until_w = in_flight_peaks(steps)
     return Timeline(steps, makespan, total, bubble, per_rank, per_stage, until_w)

@@ -17,7 +17,7 @@ from typing import List, Optional
 from xml.sax.saxutils import escape, quoteattr
 
 from .simulator import Timeline
-from .visualizer import _timeline
+from .render import as_timeline
 
 COLORS = {"F": "#4e79a7", "B": "#f28e2b", "I": "#e15759", "W": "#59a14f"}
 NAMES = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad"}
@@ -41,7 +41,7 @@ def render_svg(source, title: Optional[str] = None, time_unit: str = "",
 
     ``time_unit`` labels the axis (``"ms"`` for measured timelines); the shortest compute step is
     drawn about ``px_per_step`` pixels wide unless the picture would exceed ``max_width``."""
-    tl: Timeline = _timeline(source)
+    tl: Timeline = as_timeline(source)
     ranks = sorted(tl.steps)
     compute = {r: [t for t in tl.steps[r] if t.step.type.is_compute] for r in ranks}
     shortest = min((t.end - t.start for ts in compute.values() for t in ts if t.end > t.start), default=1.0)

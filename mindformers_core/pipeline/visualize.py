@@ -16,7 +16,7 @@ schedule class. ``--stages`` is the number of pipeline ranks; ``--virtual`` the 
 ``--order FILE`` reads ``{"exec_order": {"0": ["F0@s0", "SEND_F0@s0", ...], ...}}`` (optional keys
 ``stage_num``, ``micro_batch_num``, ``placement``); ``--dump-order FILE`` writes that form.
 ``--trace`` draws a timeline measured by ``PipelineRuntime`` (``record = True``, saved with
-``visualizer.save_trace``); with a schedule as well, the schedule is simulated with the measured
+``render.save_trace``); with a schedule as well, the schedule is simulated with the measured
 mean step costs and the prediction is printed beside the measurement.
 
 Exit status: 0 ok; 2 bad arguments or an invalid schedule (the validator's message names the
@@ -40,7 +40,7 @@ from .schedules import BUILTIN_SCHEDULES
 from .simulator import Timeline, simulate
 from .stage import stages_of_rank
 from .validator import describe_exec_order, validate_schedule
-from .visualizer import load_trace, mean_step_costs, render_text, to_chrome_trace
+from .render import load_trace, mean_step_costs, render_text, to_chrome_trace
 
 _CODES = {t.value: t for t in MetaStepType}
 _STEP = re.compile(r"^([A-Z_]+?)(\d+)@s(\d+)$")
@@ -113,10 +113,11 @@ def _import_class(spec: str):
         raise UsageError(f"--schedule {spec!r}: cannot import it ({exc})") from None
 
 
-def build_schedule(name: str, stages: int, microbatches: int, virtual: Optional[int] = None,
-                   placement: Optional[str] = None):
-    """A schedule object for pipeline rank 0 (every rank builds the same global order)."""
-    from .schedule import PipelineScheduleSingle
+def schedule_from_name(name: str, stages: int, microbatches: int, virtual: Optional[int] = None,
+                       placement: Optional[str] = None):
+    """The CLI's schedule for pipeline rank 0 (every rank builds the same global order): a built-in
+    name or ``module:Class``, from counts; a bad choice raises ``UsageError``."""
+    from .schedule_base import PipelineScheduleSingle
     if name in BUILTIN_SCHEDULES:
         cls, per_rank, default_placement = BUILTIN_SCHEDULES[name]
         if virtual is not None and virtual != per_rank and not (name == "interleaved" and virtual >= 2):
@@ -211,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--svg", metavar="FILE", help="write an SVG picture")
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
     p.add_argument("--dump-order", metavar="FILE", help="write the exec order as JSON (the --order format)")
-    p.add_argument("--trace", metavar="FILE", nargs="+", help="draw a measured runtime trace (visualizer.save_trace)")
+    p.add_argument("--trace", metavar="FILE", nargs="+", help="draw a measured runtime trace (render.save_trace)")
     p.add_argument("--iteration", type=int, default=-1, help="which recorded training step of the trace (default last)")
     p.add_argument("--title", help="SVG title")
     return p
@@ -249,7 +250,7 @@ def _run(args, out) -> int:
         if args.stages is None or args.microbatches is None:
             raise UsageError("--stages and --microbatches are required to build a schedule")
         try:
-            sched = build_schedule(name, args.stages, args.microbatches, args.virtual, args.placement)
+            sched = schedule_from_name(name, args.stages, args.microbatches, args.virtual, args.placement)
         except ScheduleError as exc:
             raise UsageError(_schedule_error(exc, getattr(exc, "exec_order", None))) from None
         order = sched.exec_order

@@ -18,7 +18,7 @@ from ..distributed.comm import kernels as K
 from ..distributed.comm.functional import cached_comm_cell
 from ..distributed.comm.kernels import CommCell
 from ..distributed.env import get_env
-from .dtensor import _KeepOnFirst, mesh_of
+from .dtensor import _KeepOnFirst, device_mesh_of
 from .redistribution import RedistributionPlan
 
 
@@ -26,7 +26,7 @@ def plan_kernels(plan: RedistributionPlan, rank: int):
     """The plan's steps as raw collective Cells for this rank (shared through the comm cache),
     built in Python so that a compiled graph only sees a fixed sequence of Cell calls."""
     cells = []
-    mesh = mesh_of(plan.source)
+    mesh = device_mesh_of(plan.source)
     for step in plan.steps:
         if step.kind == "p2p":
             raise ValueError(f"a Cell-boundary redistribution cannot cross meshes ({plan.source!r} -> "
@@ -37,10 +37,11 @@ def plan_kernels(plan: RedistributionPlan, rank: int):
         elif step.kind == "all_gather":
             cell = cached_comm_cell(("raw_all_gather", g.ranks, step.dim), lambda: K.AllGatherKernel(g, step.dim))
         elif step.kind == "reduce_scatter":
-            cell = cached_comm_cell(("raw_reduce_scatter", g.ranks, step.dim), lambda: K.ReduceScatterKernel(g, step.dim))
+            cell = cached_comm_cell(("raw_reduce_scatter", g.ranks, step.dim),
+                                    lambda: K.ReduceScatterKernel(g, step.dim))
         elif step.kind == "all_to_all":
             cell = cached_comm_cell(("raw_all_to_all", g.ranks, step.dim_to, step.dim),
-                           lambda: K.AllToAllKernel(g, step.dim_to, step.dim))
+                                    lambda: K.AllToAllKernel(g, step.dim_to, step.dim))
         elif step.kind == "slice":
             cell = cached_comm_cell(("raw_split", g.ranks, step.dim), lambda: K.SplitKernel(g, step.dim))
         elif step.kind == "zero_partial":

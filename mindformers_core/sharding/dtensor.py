@@ -27,7 +27,7 @@ from .redistribution import RedistributionPlan, plan_redistribution
 _MESHES: Dict[tuple, DeviceMesh] = {}
 
 
-def mesh_of(layout: Layout) -> DeviceMesh:
+def device_mesh_of(layout: Layout) -> DeviceMesh:
     """The DeviceMesh (groups created lazily, cached) over a layout's device matrix."""
     key = (layout.device_matrix, layout.alias_name, tuple(layout.rank_list))
     mesh = _MESHES.get(key)
@@ -37,7 +37,8 @@ def mesh_of(layout: Layout) -> DeviceMesh:
     return mesh
 
 
-def layout_of(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int) -> Layout:
+def layout_from_placements(mesh: DeviceMesh, placements: Sequence[Placement], ndim: int) -> Layout:
+    """The ``Layout`` of an ``ndim`` tensor placed on ``mesh`` by per-mesh-axis ``placements``."""
     return Layout.from_placements(mesh.shape, mesh.dim_names, placements, ndim, mesh.rank_list)
 
 
@@ -67,7 +68,7 @@ def execute_plan(plan: RedistributionPlan, local):
             continue
         if receiving_only:
             continue  # the source stage's ranks run these steps before sending
-        group = mesh_of(layout).get_group(step.axis)
+        group = device_mesh_of(layout).get_group(step.axis)
         if step.kind == "all_reduce":
             x = comm.all_reduce(x, step.op, group)
         elif step.kind == "reduce_scatter":
@@ -135,8 +136,8 @@ class DTensor:
 
 def _target_layout(dtensor_or_mesh_layout: Layout, target, ndim: int) -> Layout:
     if isinstance(target, (list, tuple)) and target and not isinstance(target[0], str):
-        mesh = mesh_of(dtensor_or_mesh_layout)
-        return layout_of(mesh, target, ndim)
+        mesh = device_mesh_of(dtensor_or_mesh_layout)
+        return layout_from_placements(mesh, target, ndim)
     return as_layout(target)
 
 
@@ -151,7 +152,7 @@ def shard_tensor(tensor, mesh: Optional[DeviceMesh] = None,
     if layout is None:
         if mesh is None or placements is None:
             raise ValueError("shard_tensor: give a layout, or a mesh and placements")
-        layout = layout_of(mesh, placements, len(tensor.shape))
+        layout = layout_from_placements(mesh, placements, len(tensor.shape))
     layout = as_layout(layout)
     shape = tuple(tensor.shape)
     layout.check_shape(shape, name)

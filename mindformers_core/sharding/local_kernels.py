@@ -36,7 +36,7 @@ class VocabParallelLookup(CommCell):
         return out * ops.expand_dims(inside.astype(out.dtype), -1)
 
 
-class VocabParallelCrossEntropy(CommCell):
+class VocabParallelCrossEntropyKernel(CommCell):
     """Cross-entropy with the classes (last dim) split over a group, never gathering the logits:
     global max, global sum of exponentials and the target logit each take one all-reduce."""
 

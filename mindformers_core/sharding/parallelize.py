@@ -21,9 +21,9 @@ from ..distributed.comm.functional import cached_comm_cell
 from .annotations import (annotate_parameter, grad_axes_of, layout_of, set_sharding_plan,
                           sharding_plan_of)
 from .boundary import Passthrough, Redistribute, ShardedCall, wrap_root
-from .dtensor import mesh_of
+from .dtensor import device_mesh_of
 from .layout import Layout, as_layout
-from .local_kernels import VocabParallelCrossEntropy, VocabParallelLookup
+from .local_kernels import VocabParallelCrossEntropyKernel, VocabParallelLookup
 from .propagation import PlanError, ShardingPlan, collect_declarations, propagate
 from .styles import plan_declarations
 from .trace import Graph, trace
@@ -57,7 +57,7 @@ def mesh_layout(config=None, mesh=None) -> Layout:
     return Layout((dp, cp, tp), ("dp", "cp", "tp"))
 
 
-def _default_input_layouts(graph: Graph, mesh: Layout) -> List[Layout]:
+def default_input_layouts(graph: Graph, mesh: Layout) -> List[Layout]:
     """Batch (dim 0) over "dp" when the mesh has it, the rest replicated."""
     out = []
     for tid in graph.inputs:
@@ -83,7 +83,7 @@ def plan_sharding(model: nn.Cell, config=None, *sample_inputs, mesh=None, plan: 
     graph = trace(model, *sample_inputs)
     declarations = collect_declarations(graph, config)
     declarations.update(styled)
-    ins = list(input_layouts) if input_layouts is not None else _default_input_layouts(graph, base)
+    ins = list(input_layouts) if input_layouts is not None else default_input_layouts(graph, base)
     return propagate(graph, base, declarations, ins, list(output_layouts or ()))
 
 
@@ -215,8 +215,8 @@ def _local_kernel(plan: ShardingPlan, call, rank: int) -> Optional[nn.Cell]:
             raise PlanError(f"{node.describe()}: the vocab-parallel cross-entropy kernel needs the classes in the "
                             f"last dim (rule 'cross_entropy_last_dim')")
         start = layout.shard_index(class_dim, rank) * layout.local_shape(shape)[class_dim]
-        group = mesh_of(layout).get_group(tuple(local.attrs["vocab_axes"]))
-        return VocabParallelCrossEntropy(group, start, local.attrs["local_vocab_size"],
+        group = device_mesh_of(layout).get_group(tuple(local.attrs["vocab_axes"]))
+        return VocabParallelCrossEntropyKernel(group, start, local.attrs["local_vocab_size"],
                                          node.attrs.get("reduction", "mean"))
     raise PlanError(f"{node.describe()}: local kernel {local.name!r} is not implemented")
 
@@ -283,7 +283,7 @@ class GradientReducer(nn.Cell):
         for p in params:
             axes = tuple(a for a in grad_axes_of(p) if a not in skip_axes)
             self.axes.append(axes)
-            cells.append(_sum_over(mesh_of(layout_of(p)).get_group(axes)) if axes else Passthrough())
+            cells.append(_sum_over(device_mesh_of(layout_of(p)).get_group(axes)) if axes else Passthrough())
         self.reducers = nn.CellList(cells)
         self.count = len(cells)
 

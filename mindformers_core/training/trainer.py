@@ -564,8 +564,8 @@ class Trainer:
         self.reducer = GradientReducer(self.params)
         groups, axis_groups = [], {}
         if self.tp > 1:
-            from ..sharding.dtensor import mesh_of
-            axis_groups["tp"] = mesh_of(self.plan.mesh).get_group("tp")
+            from ..sharding.dtensor import device_mesh_of
+            axis_groups["tp"] = device_mesh_of(self.plan.mesh).get_group("tp")
             groups.append(axis_groups["tp"])
         self.pp_group = None
         if self.pp > 1:   # stages hold different parameters: their squared norms add up over pp

@@ -121,7 +121,7 @@ def send(x, dst: int, async_op: bool = False):
     the backward receive ``x``'s gradient from ``dst`` (whose ``recv`` sends it back)."""
     world = world_group()
     cell = cached_comm_cell(("send", dst, tuple(x.shape), str(x.dtype)),
-                   lambda: A.Send(world, dst, tuple(x.shape), x.dtype))
+                            lambda: A.Send(world, dst, tuple(x.shape), x.dtype))
     return _maybe_async(cell(x), async_op)
 
 
@@ -130,7 +130,7 @@ def recv(like, src: int, async_op: bool = False):
     the gradient back to ``src``."""
     world = world_group()
     cell = cached_comm_cell(("recv", src, tuple(like.shape), str(like.dtype)),
-                   lambda: A.Recv(world, src, tuple(like.shape), like.dtype))
+                            lambda: A.Recv(world, src, tuple(like.shape), like.dtype))
     return _maybe_async(cell(like), async_op)
 
 

@@ -16,7 +16,8 @@ Partials = Dict[str, str]
 LINEAR = ("sum", "avg")   # partial ops that commute with linear maps (max/min do not)
 
 
-def mesh_of(layouts: Sequence[Optional[Layout]]) -> Layout:
+def common_mesh_layout(layouts: Sequence[Optional[Layout]]) -> Layout:
+    """The layout whose device matrix (mesh) a rule builds its outputs on: the first input that has one."""
     for l in layouts:
         if l is not None:
             return l

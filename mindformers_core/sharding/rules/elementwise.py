@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 from ..layout import Layout
-from .common import assign, broadcast_shapes, cheapest, make_layout, mesh_of, partial_options, prod
+from .common import assign, broadcast_shapes, cheapest, common_mesh_layout, make_layout, partial_options, prod
 from .registry import RuleResult, Shape, register_rule
 
 
@@ -23,7 +23,7 @@ def broadcast_rule(layouts: Sequence[Optional[Layout]], shapes: Sequence[Shape],
     :func:`~.common.resolve_partials`); output dims in ``unsharded`` (counted in the output) are
     never split; mesh axes in ``reserved`` are kept free (the caller uses them). ``cost_shapes``:
     the real input shapes when ``shapes`` were adjusted for alignment (concat)."""
-    mesh = mesh_of(layouts)
+    mesh = common_mesh_layout(layouts)
     out_shape = broadcast_shapes(shapes)
     nd = len(out_shape)
     unsharded = {d % nd for d in unsharded} if nd else set()

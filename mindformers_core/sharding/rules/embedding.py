@@ -10,13 +10,13 @@ ids (small integers) are gathered rather than the table. Partial ids or tables a
 """
 from __future__ import annotations
 
-from .common import assign, cheapest, expect_inputs, make_layout, mesh_of, norm_axis
+from .common import assign, cheapest, common_mesh_layout, expect_inputs, make_layout, norm_axis
 from .registry import LocalKernel, RuleResult, register_rule
 
 
-def lookup(table, ids, tshape, ishape, axis):
+def lookup_layouts(table, ids, tshape, ishape, axis):
     """``(required table, required ids, output, local kernel or None)``."""
-    mesh = mesh_of((table, ids))
+    mesh = common_mesh_layout((table, ids))
     nt, ni = len(tshape), len(ishape)
     t_slots = [d if d < axis else (None if d == axis else d - 1 + ni) for d in range(nt)]
     i_slots = [axis + k for k in range(ni)]
@@ -46,7 +46,7 @@ def gather(layouts, shapes, *, axis=0):
     """``gather(params, indices, axis)`` (MindSpore's argument order)."""
     expect_inputs(layouts, 2)
     a = norm_axis(axis, len(shapes[0]))
-    req_t, req_i, out, kernel = lookup(layouts[0], layouts[1], shapes[0], shapes[1], a)
+    req_t, req_i, out, kernel = lookup_layouts(layouts[0], layouts[1], shapes[0], shapes[1], a)
     return RuleResult((out,), (req_t, req_i), kernel)
 
 
@@ -54,5 +54,5 @@ def gather(layouts, shapes, *, axis=0):
 def embedding(layouts, shapes, *, padding_idx=None):
     """``embedding(ids, weight)`` with weight ``(vocab, hidden)``."""
     expect_inputs(layouts, 2)
-    req_t, req_i, out, kernel = lookup(layouts[1], layouts[0], shapes[1], shapes[0], 0)
+    req_t, req_i, out, kernel = lookup_layouts(layouts[1], layouts[0], shapes[1], shapes[0], 0)
     return RuleResult((out,), (req_i, req_t), kernel)

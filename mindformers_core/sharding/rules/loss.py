@@ -17,7 +17,7 @@ the same tokens, so ``ignore_index`` with ``'mean'`` on sharded tokens is refuse
 """
 from __future__ import annotations
 
-from .common import expect_inputs, make_layout, mesh_of
+from .common import common_mesh_layout, expect_inputs, make_layout
 from .elementwise import broadcast_rule
 from .registry import LocalKernel, RuleError, RuleResult, register_rule
 
@@ -31,7 +31,7 @@ def cross_entropy(layouts, shapes, *, reduction="mean", ignore_index=None, label
     if len(ls) < 2 or tuple(ts) != ls[:1] + ls[2:]:
         raise RuleError(f"logits of shape {ls} need the classes in dim 1 and labels of shape "
                         f"{ls[:1] + ls[2:]}, got labels of shape {ts}")
-    mesh = mesh_of(layouts)
+    mesh = common_mesh_layout(layouts)
     vocab = logits.dims[1] if logits is not None else ()
     token_logits = None if logits is None else make_layout(mesh, logits.dims[:1] + logits.dims[2:])
     tokens = broadcast_rule((token_logits, labels), (ts, ts), "none", reserved=vocab).output
@@ -69,7 +69,7 @@ def cross_entropy_last_dim(layouts, shapes, *, reduction="mean", ignore_index=No
                         f"{tuple(ls[:-1])}, got labels of shape {ts}")
     nd = len(ls)
     perm = (0, nd - 1) + tuple(range(1, nd - 1))           # (..., V) -> (N, V, ...)
-    moved = None if logits is None else make_layout(mesh_of(layouts), [logits.dims[p] for p in perm],
+    moved = None if logits is None else make_layout(common_mesh_layout(layouts), [logits.dims[p] for p in perm],
                                                      dict(logits.partial))
     res = cross_entropy((moved, labels), (tuple(ls[p] for p in perm), ts), reduction=reduction,
                         ignore_index=ignore_index, label_smoothing=label_smoothing)

@@ -11,7 +11,7 @@ resolves to the cheaper of all-to-all / all-gather.
 """
 from __future__ import annotations
 
-from .common import assign, broadcast_shapes, cheapest, expect_inputs, make_layout, mesh_of, partial_options
+from .common import assign, broadcast_shapes, cheapest, common_mesh_layout, expect_inputs, make_layout, partial_options
 from .registry import RuleError, RuleResult, register_rule
 
 
@@ -37,7 +37,7 @@ def matmul(layouts, shapes, *, transpose_a=False, transpose_b=False):
 
     slot_a = slots(sa, {am: M, ak: K})
     slot_b = slots(sb, {bk: K, bn: N})
-    mesh = mesh_of(layouts)
+    mesh = common_mesh_layout(layouts)
 
     def claims(i):
         layout, sl = layouts[i], (slot_a, slot_b)[i]

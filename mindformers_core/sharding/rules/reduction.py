@@ -10,7 +10,7 @@ need the reduced dims whole.
 """
 from __future__ import annotations
 
-from .common import LINEAR, expect_inputs, make_layout, mesh_of, norm_axes
+from .common import LINEAR, common_mesh_layout, expect_inputs, make_layout, norm_axes
 from .registry import RuleResult, register_rule
 
 _PARTIAL = {"sum": "sum", "mean": "avg", "max": "max", "min": "min"}
@@ -33,7 +33,7 @@ def _make(kind):
         """``axis``/``dim``: an int, a tuple, or None (all dims); ``keep_dims``/``keepdim``."""
         expect_inputs(layouts, 1)
         axes = norm_axes(dim if axis is None else axis, len(shapes[0]))
-        return _reduce(kind, mesh_of(layouts), axes, keep_dims or keepdim)
+        return _reduce(kind, common_mesh_layout(layouts), axes, keep_dims or keepdim)
     rule.__name__ = f"reduce_{kind}"
     return rule
 

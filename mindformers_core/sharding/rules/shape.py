@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
-from .common import expect_inputs, make_layout, mesh_of, norm_axes, norm_axis, prod
+from .common import common_mesh_layout, expect_inputs, make_layout, norm_axes, norm_axis, prod
 from .registry import LocalKernel, RuleError, RuleResult, Shape, register_rule
 
 
@@ -69,7 +69,7 @@ def reshape_layouts(x, src: Shape, dst: Shape):
 
 def _reshape(layouts, shapes, dst, local=True):
     expect_inputs(layouts, 1)
-    x = mesh_of(layouts)
+    x = common_mesh_layout(layouts)
     dst = _target(shapes[0], dst)
     required, out = reshape_layouts(x, shapes[0], dst)
     kernel = LocalKernel("reshape", {"shape": out.local_shape(dst)}) if local else None
@@ -114,7 +114,7 @@ def squeeze(layouts, shapes, *, axis=None, dim=None):
 def transpose(layouts, shapes, *, perm=None, dims=None, dim0=None, dim1=None):
     """``perm``/``dims`` (a permutation), or ``dim0``/``dim1`` (swap two dims)."""
     expect_inputs(layouts, 1)
-    x, nd = mesh_of(layouts), len(shapes[0])
+    x, nd = common_mesh_layout(layouts), len(shapes[0])
     perm = perm if perm is not None else dims
     if perm is None:
         if dim0 is None or dim1 is None:
@@ -132,7 +132,7 @@ def transpose(layouts, shapes, *, perm=None, dims=None, dim0=None, dim1=None):
 def broadcast_to(layouts, shapes, *, shape):
     """New and size-1 (broadcast) dims are unsharded; the local op broadcasts to the local shape."""
     expect_inputs(layouts, 1)
-    x, src = mesh_of(layouts), shapes[0]
+    x, src = common_mesh_layout(layouts), shapes[0]
     dst = [int(s) for s in shape]
     off = len(dst) - len(src)
     if off < 0:
@@ -151,7 +151,7 @@ def repeat_interleave(layouts, shapes, *, repeats, axis=None, dim=None):
     """An int ``repeats`` along a dim keeps its sharding (chunk i of the output is the repeat of
     chunk i of the input); per-element repeats or a flattening call (no axis) need it whole."""
     expect_inputs(layouts, 1)
-    x = mesh_of(layouts)
+    x = common_mesh_layout(layouts)
     a = dim if axis is None else axis
     if a is None:
         required = make_layout(x, [()] * len(shapes[0]), x.partial)

@@ -4,7 +4,7 @@ the global split). Other dims keep their sharding; partials pass (these ops only
 concat follows the ``concat`` partial kind)."""
 from __future__ import annotations
 
-from .common import expect_inputs, make_layout, mesh_of, norm_axis
+from .common import common_mesh_layout, expect_inputs, make_layout, norm_axis
 from .elementwise import broadcast_rule
 from .registry import LocalKernel, RuleError, RuleResult, register_rule
 
@@ -18,7 +18,7 @@ def split(layouts, shapes, *, axis=0, dim=None, output_num=None, chunks=None, sp
     """Pieces: ``output_num``/``chunks`` equal pieces, or ``split_size_or_sections`` (a piece size
     or a list of sizes). One output layout per piece."""
     expect_inputs(layouts, 1)
-    x, shape = mesh_of(layouts), shapes[0]
+    x, shape = common_mesh_layout(layouts), shapes[0]
     a = norm_axis(axis if dim is None else dim, len(shape))
     size = shape[a]
     n = output_num if output_num is not None else chunks
@@ -66,7 +66,7 @@ def slice_(layouts, shapes, *, begin, end=None, size=None, strides=None):
     optional ``strides``. A dim taken whole keeps its sharding; the local op then uses the local
     bounds given in ``result.local.attrs``."""
     expect_inputs(layouts, 1)
-    x, shape = mesh_of(layouts), shapes[0]
+    x, shape = common_mesh_layout(layouts), shapes[0]
     nd = len(shape)
     begin = list(begin) + [0] * (nd - len(begin))
     if size is not None:
@@ -91,7 +91,7 @@ def tril(layouts, shapes, *, diagonal=0, k=None):
     """Which elements are kept depends on their (row, column) position, so the last two dims must
     be whole; leading dims keep their sharding. Zeros elsewhere: any partial passes."""
     expect_inputs(layouts, 1)
-    x, nd = mesh_of(layouts), len(shapes[0])
+    x, nd = common_mesh_layout(layouts), len(shapes[0])
     if nd < 2:
         raise RuleError(f"needs at least 2 dims, got shape {shapes[0]}")
     required = _whole(x, {nd - 2, nd - 1})

@@ -21,13 +21,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .meta_step import MetaStep, MetaStepType
 from .replay import StepTiming
-from .simulator import Timeline, _peaks, simulate
+from .simulator import Timeline, in_flight_peaks, simulate
 
 TRACE_FORMAT = "mindformers_core.pipeline.trace"
 RawTrace = Sequence[Tuple[MetaStep, float, float]]
 
 
-def _timeline(source) -> Timeline:
+def as_timeline(source) -> Timeline:
+    """A ``Timeline`` as given, or the simulation (default costs) of a schedule or exec order."""
     return source if isinstance(source, Timeline) else simulate(source)
 
 
@@ -40,7 +41,7 @@ def render_text(source, unit: Optional[float] = None) -> str:
     A compute step shows as its label (``F3``, ``B3``, ``I3``, ``W3``; with ``@s<stage>`` when a
     rank holds several stages) followed by dashes while it lasts; ``.`` marks a column where the
     rank computes nothing (idle, or waiting in a send/receive)."""
-    tl = _timeline(source)
+    tl = as_timeline(source)
     compute = {r: [t for t in ts if t.step.type.is_compute] for r, ts in tl.steps.items()}
     durations = [t.end - t.start for ts in compute.values() for t in ts]
     unit = unit or min(durations, default=1.0)
@@ -71,7 +72,7 @@ def to_chrome_trace(source, time_unit_us: float = 1000.0) -> Dict[str, Any]:
     """The timeline in the Chrome trace-event format (JSON-serialisable): one thread per rank,
     one complete event per step (sends, receives and handoffs included, category ``comm`` /
     ``handoff``). One time unit of the timeline becomes ``time_unit_us`` microseconds."""
-    tl = _timeline(source)
+    tl = as_timeline(source)
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "pipeline"}}]
     for rank, ts in tl.steps.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
@@ -151,7 +152,9 @@ def _read_trace_file(path: str) -> Dict[str, Any]:
     return data
 
 
-def _parse_rows(rows, where: str) -> List[Tuple[MetaStep, float, float]]:
+def parse_trace_rows(rows, where: str) -> List[Tuple[MetaStep, float, float]]:
+    """A rank's rows of a trace file (``[type name, micro, stage, start, end]``) as
+    ``(MetaStep, start, end)``; ``where`` names the rows in error messages."""
     out = []
     for i, row in enumerate(rows):
         try:
@@ -205,7 +208,7 @@ def timeline_from_trace(trace_by_rank: Mapping[int, RawTrace], iteration: int = 
     busy = {r: sum(t.end - t.start for t in ts if t.step.type.is_compute) for r, ts in steps.items()}
     bubble = {r: (1 - b / makespan) if makespan else 0.0 for r, b in busy.items()}
     total = (1 - sum(busy.values()) / (makespan * len(steps))) if makespan else 0.0
-    per_rank, per_stage, until_w = _peaks(steps)
+    per_rank, per_stage, until_w = in_flight_peaks(steps)
     return Timeline(steps, makespan, total, bubble, per_rank, per_stage, until_w)
 
 
@@ -231,7 +234,7 @@ def load_trace(*paths: str, iteration: int = -1, scale: float = 1e3,
                 raise ValueError(f"load_trace: {path} has rank key {key!r}; ranks are integers") from None
             if rank in merged:
                 raise ValueError(f"load_trace: rank {rank} appears in two trace files (second: {path})")
-            merged[rank] = [(s, a * factor, b * factor) for s, a, b in _parse_rows(rows, f"{path} rank {rank}")]
+            merged[rank] = [(s, a * factor, b * factor) for s, a, b in parse_trace_rows(rows, f"{path} rank {rank}")]
     tl = timeline_from_trace(merged, iteration, scale)
     return (tl, meta) if with_meta else tl
 
