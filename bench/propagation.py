@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 from mindspore import nn  # noqa: E402
 
 from mindformers_core.sharding import Layout, plan_redistribution  # noqa: E402
-from mindformers_core.sharding.parallelize import default_input_layouts, mesh_layout  # noqa: E402
+from mindformers_core.sharding.parallelizer import default_input_layouts, mesh_layout  # noqa: E402
 from mindformers_core.sharding.propagation import collect_declarations, propagate  # noqa: E402
 from mindformers_core.sharding.trace import trace  # noqa: E402
 from tests.sharding_models import Block  # noqa: E402

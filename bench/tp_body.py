@@ -10,7 +10,7 @@ from mindformers_core.distributed import get_env
 from mindformers_core.distributed.comm import kernels as K
 from mindformers_core.optim import AdamW
 from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
-from mindformers_core.sharding.parallelize import GradientReducer, parallelize
+from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel, TransformerConfig
 
 _COUNT = {"bytes": 0, "calls": 0}

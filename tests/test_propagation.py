@@ -6,7 +6,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindformers_core.sharding import Layout
 from mindformers_core.sharding.annotations import global_shape_of
-from mindformers_core.sharding.parallelize import parallelize, plan_sharding
+from mindformers_core.sharding.parallelizer import parallelize, plan_sharding
 from mindformers_core.sharding.propagation import PlanError
 from mindformers_core.sharding.trace import TraceError, trace
 from tests.sharding_models import MODELS
@@ -113,7 +113,7 @@ def test_parameters_hold_local_shards():
     model, shape = MODELS["mlp"]()
     full = model.model.fc1.weight.asnumpy().copy()
     plan = plan_sharding(model, {"dp": 1, "tp": 2}, (shape, "float32"))
-    from mindformers_core.sharding.parallelize import _shard_parameters
+    from mindformers_core.sharding.parallelizer import _shard_parameters
     _shard_parameters(model, plan, rank=1)
     w = model.model.fc1.weight
     assert tuple(w.shape) == (8, 16) and global_shape_of(w) == (8, 32)

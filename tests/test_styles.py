@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from mindformers_core.sharding.parallelize import mesh_layout, plan_sharding
+from mindformers_core.sharding.parallelizer import mesh_layout, plan_sharding
 from mindformers_core.sharding.propagation import PlanError
 from mindformers_core.sharding.styles import (ColWiseParallel, NoParallel, PrepareInput, RowWiseParallel,
                                                SequenceParallel, match_plan)
@@ -78,7 +78,7 @@ def test_dense_runs_with_its_local_shards_after_the_trace():
     """The trace runs nn.Dense's BiasAdd on the full bias; PyNative caches that shape by tensor id,
     and set_data(slice_shape=True) keeps the id. After sharding, BiasAdd must see the shard."""
     from mindspore import Tensor, ops
-    from mindformers_core.sharding.parallelize import _shard_parameters
+    from mindformers_core.sharding.parallelizer import _shard_parameters
     model, shape = MODELS["plain"]()
     up = model.model.up
     w, b = up.weight.asnumpy().copy(), up.bias.asnumpy().copy()

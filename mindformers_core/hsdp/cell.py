@@ -19,7 +19,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 from ..distributed.env import get_env
 from ..distributed.process_group import new_group
 from ..sharding.annotations import is_sharded_parameter, layout_of
-from ..sharding.parallelize import forget_cached_shapes
+from ..sharding.parallelizer import forget_cached_shapes
 from . import plan as P
 from .step import (Accumulate, Comm, DataParallelGradReducer, Drain, Gather, ShardedUpdate,
                    accumulation_buffers)
@@ -310,7 +310,7 @@ class TrainStep:
         self.sharded_model = any(is_sharded_parameter(p) for p in self.params)
         self.model_parallel_reducer = None
         if self.sharded_model:
-            from ..sharding.parallelize import GradientReducer
+            from ..sharding.parallelizer import GradientReducer
             self.model_parallel_reducer = GradientReducer(self.params, skip_axes=("dp",))
         self.loss_scale = float(dp) if self.sharded_model else 1.0
         scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)

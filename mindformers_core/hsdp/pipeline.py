@@ -202,7 +202,7 @@ class PipelineTrainStep:
         sharded_model = any(is_sharded_parameter(p) for p in self.params)
         mp_reducer = None
         if sharded_model:
-            from ..sharding.parallelize import GradientReducer
+            from ..sharding.parallelizer import GradientReducer
             mp_reducer = GradientReducer(self.params, skip_axes=("dp",))
         loss_scale = float(dp) if sharded_model else 1.0
         reducer = DataParallelGradReducer(plans, wrapped.level, wrapped.comm, 1.0 if sharded_model else 1.0 / dp)

@@ -4,8 +4,12 @@ from .dtensor import DTensor, device_mesh_of, execute_plan, reshard, shard_tenso
 from .redistribution import RedistributionPlan, Step, apply_plan_numpy, plan_redistribution
 from .rules import (LocalKernel, NoRuleError, RuleError, RuleResult, get_rule, infer, register_rule,
                     registered_ops)
+from .annotations import sharding_plan_of
+from .parallelizer import GradientReducer, parallelize, plan_sharding
+from .styles import ColWiseParallel, NoParallel, PrepareInput, RowWiseParallel, SequenceParallel
 
-__all__ = ["DTensor", "Layout", "LocalKernel", "NoRuleError", "Partial", "Placement",
+__all__ = ["ColWiseParallel", "DTensor", "GradientReducer", "Layout", "LocalKernel", "NoRuleError", "Partial", "Placement",
            "RedistributionPlan", "Replicate", "RuleError", "RuleResult", "Shard", "Step",
            "apply_plan_numpy", "as_layout", "device_mesh_of", "execute_plan", "get_rule", "infer",
-           "plan_redistribution", "register_rule", "registered_ops", "reshard", "shard_tensor"]
+           "NoParallel", "parallelize", "plan_redistribution", "plan_sharding", "PrepareInput", "register_rule",
+           "registered_ops", "reshard", "RowWiseParallel", "SequenceParallel", "shard_tensor", "sharding_plan_of"]

@@ -46,7 +46,7 @@ from ..optim import AdamW, ClipGradNorm, build_lr_schedule, replication_weights
 from ..pipeline.schedules import build_schedule
 from ..pipeline.stage import StageInfo
 from ..sharding.layout import Layout
-from ..sharding.parallelize import GradientReducer, parallelize
+from ..sharding.parallelizer import GradientReducer, parallelize
 from .config import Config, ConfigError
 from .topology import Topology
 

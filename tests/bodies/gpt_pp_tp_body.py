@@ -12,7 +12,7 @@ from mindformers_core.pipeline import Schedule1F1B
 from mindformers_core.pipeline.runtime import PipelineStage
 from mindformers_core.sharding import Layout
 from mindformers_core.sharding.annotations import global_shape_of, layout_of
-from mindformers_core.sharding.parallelize import GradientReducer, parallelize
+from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel
 from tests.bodies.gpt_tp_body import batches, make_config
 

@@ -7,7 +7,7 @@ from mindspore import Tensor, nn
 
 from mindformers_core.distributed import get_env
 from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
-from mindformers_core.sharding.parallelize import GradientReducer, parallelize
+from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel, TransformerConfig
 
 STEPS = 5

@@ -16,7 +16,7 @@ from mindformers_core.optim import AdamW, clip_grad_norm
 from mindformers_core.pipeline import Schedule1F1B
 from mindformers_core.pipeline.runtime import PipelineStage
 from mindformers_core.sharding import Layout
-from mindformers_core.sharding.parallelize import parallelize
+from mindformers_core.sharding.parallelizer import parallelize
 from mindformers_core.transformer import GPTModel
 from tests.bodies.gpt_tp_body import batches, make_config
 

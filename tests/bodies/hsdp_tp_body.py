@@ -7,7 +7,7 @@ from mindformers_core.distributed import get_env
 from mindformers_core.hsdp import hsdp
 from mindformers_core.optim import AdamW
 from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
-from mindformers_core.sharding.parallelize import parallelize
+from mindformers_core.sharding.parallelizer import parallelize
 from mindformers_core.transformer import GPTModel
 from tests.bodies.gpt_tp_body import batches, make_config
 

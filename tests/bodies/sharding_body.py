@@ -6,7 +6,7 @@ from mindspore import Tensor
 
 from mindformers_core.distributed import get_env
 from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
-from mindformers_core.sharding.parallelize import GradientReducer, parallelize
+from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
 from tests.sharding_models import MODELS, plain_plan
 
 
