@@ -1,0 +1,40 @@
+"""Every ```python block of README.md and docs/*.md runs, so a doc example cannot rot.
+
+One-process blocks are executed here, in-process (MindSpore is imported once), each in a fresh
+namespace and a fresh temporary working directory. Blocks marked ``# msrun: N workers`` run on N
+msrun workers, all blocks of one worker count in one launch (tests/msrun_batch.py). A block that is
+only an outline (signatures, YAML, shell) must be fenced as ``text``/``yaml``/``bash``, not ``python``.
+"""
+import os
+
+import pytest
+
+from tests.doc_blocks import all_blocks, doc_files
+from tests.msrun_batch import job
+
+BLOCKS = all_blocks()
+ONE_PROCESS = [b for b in BLOCKS if b.nproc is None]
+MSRUN = [b for b in BLOCKS if b.nproc is not None]
+JOBS = {b.id: job(f"docs {b.id}", b.nproc, "tests.bodies.docs_body:run_block",
+                  {"block_id": b.id, "source": b.source}, timeout=300, group=__name__) for b in MSRUN}
+
+
+def test_every_doc_file_is_scanned_and_has_runnable_blocks():
+    assert "README.md" in doc_files() and len(doc_files()) > 10
+    assert ONE_PROCESS and MSRUN
+    for block in BLOCKS:     # a python block must at least compile: outlines belong in ```text
+        compile(block.source, block.id, "exec")
+
+
+@pytest.mark.parametrize("block", ONE_PROCESS, ids=lambda b: b.id)
+def test_one_process_block_runs(block, tmp_path, monkeypatch):
+    from tests.bodies.docs_body import run_block
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    run_block(block.id, block.source)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("block", MSRUN, ids=lambda b: f"{b.id}[{b.nproc}w]")
+def test_msrun_block_runs(block):
+    results = JOBS[block.id].results()
+    assert len(results) == block.nproc
