@@ -26,4 +26,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/comm.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache build dist

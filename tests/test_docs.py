@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.doc_blocks import all_blocks, doc_files
+from tests.doc_blocks import ROOT, all_blocks, doc_files
 from tests.msrun_batch import job
 
 BLOCKS = all_blocks()
@@ -38,3 +38,17 @@ def test_one_process_block_runs(block, tmp_path, monkeypatch):
 def test_msrun_block_runs(block):
     results = JOBS[block.id].results()
     assert len(results) == block.nproc
+
+
+def test_readme_layout_lists_every_package_at_its_level():
+    """README's Layout section names each subpackage with the level tests/test_layering.py enforces."""
+    import re
+    from tests.test_layering import LAYERS
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    layout = readme[readme.index("## Layout"):]
+    listed = {name: int(level) for level, name in re.findall(r"^(\d+)\s+mindformers_core/(\w+)/", layout, re.M)}
+    packages = {d for d in os.listdir(os.path.join(ROOT, "mindformers_core"))
+                if os.path.isfile(os.path.join(ROOT, "mindformers_core", d, "__init__.py"))}
+    assert packages <= set(listed), f"README Layout misses {sorted(packages - set(listed))}"
+    assert listed == {name: LAYERS[name] for name in listed}, "README Layout levels differ from test_layering"
