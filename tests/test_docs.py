@@ -35,9 +35,12 @@ def test_one_process_block_runs(block, tmp_path, monkeypatch):
 
 @pytest.mark.msrun
 @pytest.mark.parametrize("block", MSRUN, ids=lambda b: f"{b.id}[{b.nproc}w]")
-def test_msrun_block_runs(block):
+def test_msrun_block_runs(block, record_property):
+    from tests.msrun_batch import BATCH
     results = JOBS[block.id].results()
     assert len(results) == block.nproc
+    record_property("block_seconds", BATCH.seconds.get(JOBS[block.id].name))   # its share of the launch
+    print(f"{block.id}: {BATCH.seconds.get(JOBS[block.id].name)} s on {block.nproc} workers")
 
 
 def test_readme_layout_lists_every_package_at_its_level():
