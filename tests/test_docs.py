@@ -55,3 +55,28 @@ def test_readme_layout_lists_every_package_at_its_level():
                 if os.path.isfile(os.path.join(ROOT, "mindformers_core", d, "__init__.py"))}
     assert packages <= set(listed), f"README Layout misses {sorted(packages - set(listed))}"
     assert listed == {name: LAYERS[name] for name in listed}, "README Layout levels differ from test_layering"
+
+
+def test_readme_feature_table_points_at_what_exists():
+    """Each row's module column names importable mindformers_core modules (or a repository
+    folder) and each docs link names an existing file."""
+    import importlib
+    import re
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    rows = [line.split(" | ") for line in readme.splitlines() if line.startswith("| ") and "---" not in line]
+    problems = []
+    for cells in rows[1:]:                       # rows[0] is the header
+        for name in re.findall(r"`([^`]+)`", cells[1]):
+            if "/" in name:                      # a repository folder: scripts/, research/llama
+                if not os.path.exists(os.path.join(ROOT, name)):
+                    problems.append(f"folder {name}")
+                continue
+            try:
+                importlib.import_module(f"mindformers_core.{name}")
+            except ImportError:
+                problems.append(f"module mindformers_core.{name}")
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if "://" not in target and not os.path.exists(os.path.join(ROOT, target)):
+            problems.append(f"link {target}")
+    assert not problems, f"README points at what does not exist: {problems}"
