@@ -30,12 +30,25 @@ def run_block(block_id, source):
     module.__file__ = script
     sys.modules[module.__name__] = module
     namespace = module.__dict__
+    _wait_for_every_rank()
     os.chdir(scratch)
     try:
         with open(script, encoding="utf-8") as f:
             code = compile(f.read(), script, "exec")
         exec(code, namespace)
+        _wait_for_every_rank()
     finally:
         os.chdir(cwd)
         destroy_model_parallel()
     return sorted(k for k in namespace if not k.startswith("__"))
+
+
+def _wait_for_every_rank():
+    """Ranks enter and leave a block together: the next block may reuse a group (same ranks, same cached
+    communicator) that a slower rank is still using for this block's last collectives."""
+    import mindspore as ms
+    from mindformers_core.distributed import get_env, is_initialized
+    from mindformers_core.distributed.comm.functional import barrier
+    ms.runtime.synchronize()
+    if is_initialized() and get_env().world_size > 1:
+        barrier()
