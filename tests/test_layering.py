@@ -3,8 +3,9 @@
 Every ``.py`` under ``mindformers_core/`` is parsed (not imported); every ``import`` and ``from ...
 import`` -- at module level or inside a function -- is resolved to the top-level package it reaches
 under ``mindformers_core``, and an arrow that does not point strictly down the table below fails the
-test, as does any import of ``research`` (user entry points sit above everything). The package's
-``__init__.py`` (the public API) may import every layer.
+test, as does any import of ``research`` (user entry points sit above everything). The top level --
+the package's ``__init__.py`` (the public API) and modules directly under ``mindformers_core/`` such
+as ``run.py`` -- may import every layer, and no package may import it.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ LAYERS: Dict[str, int] = {
     "training": 5,
     "testing": 6, "examples": 6,
 }
+TOP = "top level"                 # mindformers_core/__init__.py and mindformers_core/<module>.py
+TOP_LEVEL = max(LAYERS.values()) + 1
 FORBIDDEN_ROOTS = ("research",)   # nothing inside the package imports the user entry points
 
 
@@ -58,34 +61,37 @@ def imported_modules(tree: ast.AST, module: str, is_package: bool) -> Iterator[T
                 yield node.lineno, target
 
 
-def package_of(dotted: str) -> Optional[str]:
-    """The top package under mindformers_core (``mindformers_core.sharding.layout`` -> ``sharding``)."""
+def package_of(dotted: str, packages) -> Optional[str]:
+    """The top package under mindformers_core (``mindformers_core.sharding.layout`` -> ``sharding``);
+    ``TOP`` for the package itself, a name of its public API or a top-level module; None outside."""
     parts = dotted.split(".")
-    return parts[1] if parts[0] == PACKAGE and len(parts) > 1 else None
+    if parts[0] != PACKAGE:
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in packages else TOP
 
 
 def violations(root: Path, layers: Dict[str, int] = LAYERS) -> List[str]:
     """One line ``module:line -> imported (package level a -> package level b)`` per wrong arrow."""
+    packages = set(layers) | {p.name for p in (root / PACKAGE).iterdir() if (p / "__init__.py").exists()}
+    level = dict(layers, **{TOP: TOP_LEVEL})
     found = []
     for path in sorted((root / PACKAGE).rglob("*.py")):
         module = module_name(path, root)
-        if module == PACKAGE:            # the public API imports every layer
-            continue
-        source = package_of(module)
+        source = package_of(module, packages)
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for line, target in sorted(set(imported_modules(tree, module, path.name == "__init__.py"))):
             if target.split(".")[0] in FORBIDDEN_ROOTS:
                 found.append(f"{module}:{line} -> {target} (imports the user entry points `research`)")
                 continue
-            dest = package_of(target)
-            if dest is None or dest == source:
+            dest = package_of(target, packages)
+            if dest is None or dest == source or source == TOP:   # the top level imports every layer
                 continue
-            if source not in layers or dest not in layers:
-                unknown = source if source not in layers else dest
+            if source not in level or dest not in level:
+                unknown = source if source not in level else dest
                 found.append(f"{module}:{line} -> {target} (package {unknown!r} is not in the layer table)")
-            elif layers[dest] >= layers[source]:
-                found.append(f"{module}:{line} -> {target} ({source} level {layers[source]} -> "
-                             f"{dest} level {layers[dest]})")
+            elif level[dest] >= level[source]:
+                found.append(f"{module}:{line} -> {target} ({source} level {level[source]} -> "
+                             f"{dest} level {level[dest]})")
     return sorted(set(found))
 
 
@@ -106,12 +112,17 @@ def test_every_package_is_in_the_layer_table():
     ("pipeline/bad.py", "from ..recompute import units\n", "pipeline level 4 -> recompute level 4"),
     ("common/bad.py", "from .. import distributed\n", "common level 0 -> distributed level 1"),
     ("data/bad.py", "from research.llama import model\n", "imports the user entry points `research`"),
+    ("data/bad.py", "import mindformers_core\n", f"data level 3 -> {TOP} level {TOP_LEVEL}"),
+    ("pipeline/bad.py", "from .. import Trainer\n", f"pipeline level 4 -> {TOP} level {TOP_LEVEL}"),
+    ("sharding/bad.py", "from mindformers_core.run import main\n", f"sharding level 2 -> {TOP} level {TOP_LEVEL}"),
+    ("run.py", "from .pipeline import x\nimport research.llama\n", "imports the user entry points `research`"),
 ])
 def test_a_wrong_arrow_is_reported(tmp_path, where, source, expected):
     for package in ("sharding", "transformer", "pipeline", "common", "data"):
         (tmp_path / PACKAGE / package).mkdir(parents=True, exist_ok=True)
         (tmp_path / PACKAGE / package / "__init__.py").write_text("")
     (tmp_path / PACKAGE / "__init__.py").write_text("from .pipeline import x\n")   # exempt
+    (tmp_path / PACKAGE / "run.py").write_text("from .pipeline import x\n")   # exempt
     (tmp_path / PACKAGE / "pipeline" / "ok.py").write_text("from ..common.placement import stage_placement\n"
                                                             "from .stage import StageInfo\n")
     (tmp_path / PACKAGE / where).write_text(source)

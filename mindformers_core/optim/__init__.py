@@ -2,9 +2,9 @@
 from .adamw import AdamW, Optimizer, default_decay_filter
 from .clip import ClipGradNorm, GlobalNorm, clip_grad_norm, global_norm, replication_weights
 from .lr_schedule import (SCHEDULES, ConstantWarmUpLR, CosineWithWarmUpLR, LearningRateSchedule,
-                          LinearWithWarmUpLR, WarmupCosineLR, as_schedule, build_lr_schedule)
+                          LinearWithWarmUpLR, as_schedule, build_lr_schedule)
 
 __all__ = ["AdamW", "ClipGradNorm", "ConstantWarmUpLR", "CosineWithWarmUpLR", "GlobalNorm",
-           "LearningRateSchedule", "LinearWithWarmUpLR", "Optimizer", "SCHEDULES", "WarmupCosineLR",
+           "LearningRateSchedule", "LinearWithWarmUpLR", "Optimizer", "SCHEDULES",
            "as_schedule", "build_lr_schedule", "clip_grad_norm", "default_decay_filter", "global_norm",
            "replication_weights"]

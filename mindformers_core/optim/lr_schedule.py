@@ -112,8 +112,6 @@ class CosineWithWarmUpLR(_Decaying):
         return self.lr_end + (self.learning_rate - self.lr_end) * cosine
 
 
-WarmupCosineLR = CosineWithWarmUpLR
-
 SCHEDULES = {"ConstantWarmUpLR": ConstantWarmUpLR, "LinearWithWarmUpLR": LinearWithWarmUpLR,
              "CosineWithWarmUpLR": CosineWithWarmUpLR}
 
