@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Set
 
 from .schema import PIPELINE_SCHEDULERS
+from .topology import rank_order_problem
 
 
 def _get(cfg: Dict[str, Any], path: str) -> Any:
@@ -34,6 +35,14 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
             errors.append(f"parallel_config = data_parallel {dp} x model_parallel {mp} x context_parallel {cp} "
                           f"x pipeline_stage {pp} = {dp * mp * cp * pp}: must equal the worker count "
                           f"{worker_num} (msrun --worker_num)")
+    if ok(pc + "rank_order", *(pc + s for s in sizes)):
+        order = _get(cfg, pc + "rank_order")
+        problem = rank_order_problem(order, {"dp": _get(cfg, pc + "data_parallel"),
+                                             "tp": _get(cfg, pc + "model_parallel"),
+                                             "cp": _get(cfg, pc + "context_parallel"),
+                                             "pp": _get(cfg, pc + "pipeline_stage")})
+        if problem:
+            errors.append(f"parallel_config.rank_order = {order!r}: {problem}")
     if ok("use_parallel") and worker_num > 1 and not cfg["use_parallel"]:
         errors.append(f"use_parallel = False: must be True when running on {worker_num} workers")
 

@@ -89,6 +89,11 @@ SCHEMA = Section({
         "use_seq_parallel": F("bool", False, "Sequence parallelism inside tensor-parallel regions."),
         "vocab_emb_dp": F("bool", True, "Keep the embedding table data-parallel (not split by mp)."),
         "gradient_aggregation_group": F("int", 4, "Gradients fused per all-reduce bucket.", min=1),
+        "rank_order": F("str", "tp-cp-ep-dp-pp", "Order (ours) in which the parallel dimensions are laid over "
+                                                 "consecutive ranks, first = fastest varying: tokens from tp, "
+                                                 "cp, ep, dp, pp joined by '-', none repeated. The default is "
+                                                 "Megatron's; e.g. 'tp-dp-pp' keeps a tensor-parallel group "
+                                                 "on neighbouring ranks."),
     }, "Parallel sizes. dp x mp x cp x pp must equal the worker count."),
     "parallel": Section({
         "enable_parallel_optimizer": F("bool", False, "Shard over data parallel with hsdp (ZeRO); the `hsdp` "
