@@ -1,16 +1,9 @@
 """MindFormers-style entry point: ``python run_mindformer.py --config configs/llama_tiny.yaml``.
 
-Flags as in MindFormers (``--run_mode``, ``--use_parallel``, ``--load_checkpoint``,
-``--resume_training``, ``--auto_trans_ckpt``, ``--train_dataset_dir``, ``--output_dir``,
-``--register_path``, ``--seed``, ``--mode``) plus dotted overrides of existing keys
-(``--parallel_config.model_parallel 2``); ``--predict_data`` and ``--max_new_tokens`` for
-``--run_mode predict``. Under msrun, start it with
-``bash scripts/msrun_launcher.sh "run_mindformer.py --config X.yaml --use_parallel True" 4``.
-The whole configuration (schema, cross-key rules, then the trainer's own checks: files, tokenizer
-vocabulary, checkpoint paths, features not wired) is validated before any process group is created;
-a bad one exits with code 2 and one line per problem. See docs/quickstart.md.
+The command line lives in ``mindformers_core.training.cli`` (also ``python -m mindformers_core.run``
+and the ``mindformers-run`` script of an installed package); see it for the flags. Under msrun,
+start it with ``bash scripts/msrun_launcher.sh "run_mindformer.py --config X.yaml --use_parallel True" 4``.
 """
-import argparse
 import os
 import sys
 
@@ -18,57 +11,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-FLAGS = {  # flag -> config key
-    "run_mode": "run_mode", "use_parallel": "use_parallel", "load_checkpoint": "load_checkpoint",
-    "resume_training": "resume_training", "auto_trans_ckpt": "auto_trans_ckpt",
-    "train_dataset_dir": "train_dataset.dataset_dir", "output_dir": "output_dir", "seed": "seed",
-    "mode": "context.mode",
-}
+from mindformers_core.training.cli import FLAGS, main, parse  # noqa: E402  (after the path line)
 
-
-def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help="YAML file")
-    for flag in FLAGS:
-        ap.add_argument(f"--{flag}", default=None)
-    ap.add_argument("--register_path", default=None, help="directory added to sys.path (user models)")
-    ap.add_argument("--predict_data", default="Return the", help="prompt for run_mode=predict")
-    ap.add_argument("--max_new_tokens", default=32, type=int, help="tokens generated in run_mode=predict")
-    args, rest = ap.parse_known_args(argv)
-    overrides = [(key, getattr(args, flag)) for flag, key in FLAGS.items() if getattr(args, flag) is not None]
-    if len(rest) % 2:
-        ap.error(f"overrides come in pairs '--a.b value'; got {rest}")
-    for key, value in zip(rest[::2], rest[1::2]):
-        if not key.startswith("--"):
-            ap.error(f"expected '--key value', got {key!r}")
-        overrides.append((key[2:], value))
-    return args, overrides
-
-
-def main(argv=None) -> int:
-    """Run the job; returns the exit code (2 = invalid configuration, printed to stderr)."""
-    args, overrides = parse(sys.argv[1:] if argv is None else argv)
-    if args.register_path:
-        sys.path.insert(0, os.path.abspath(args.register_path))
-    from mindformers_core.training.config import ConfigError, load_config
-    worker_num = int(os.environ.get("MS_WORKER_NUM", "1"))
-    try:
-        config = load_config(args.config, [f"{k}={v}" for k, v in overrides], worker_num=worker_num)
-        from mindformers_core.training.trainer import Trainer
-        trainer = Trainer(config, worker_num=worker_num)     # trainer checks: still no process group
-        if config.run_mode in ("train", "finetune"):
-            trainer.train()
-        else:                                                # predict (the schema allows nothing else)
-            trainer.setup()
-            if trainer.restore() == 0 and not config.load_checkpoint:
-                print("run_mindformer.py: predicting from randomly initialised weights (no load_checkpoint)",
-                      file=sys.stderr)
-            print(trainer.predict(args.predict_data, int(args.max_new_tokens)), flush=True)
-    except ConfigError as e:
-        print(f"run_mindformer.py: invalid configuration:\n{e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
-
+__all__ = ["FLAGS", "main", "parse"]
 
 if __name__ == "__main__":
     sys.exit(main())

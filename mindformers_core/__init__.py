@@ -68,7 +68,7 @@ _PUBLIC = {
     "simulate": "mindformers_core.pipeline",
     # training
     "ConfigError": "mindformers_core.training",
-    "Trainer": "mindformers_core.training.trainer",
+    "Trainer": "mindformers_core.training",
     "load_config": "mindformers_core.training",
 }
 # hsdp(cell, ...) is the hsdp package itself: the package is callable (see hsdp/__init__.py), so the

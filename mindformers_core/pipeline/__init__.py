@@ -9,7 +9,7 @@ from .errors import DeadlockError, ScheduleError
 from .meta_step import MetaStep, MetaStepType
 from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge_microbatches,
                          split_microbatches)
-from .planner import (LayerCost, LayerProfile, StagePlan, auto_stage_plan, measure_layers, measure_stage_times,
+from .planner import (LayerCost, LayerProfile, StagePlan, measure_layers, measure_stage_times,
                       plan_stages, report, stage_times_from_trace)
 from .replay import StepTiming
 from .schedule_base import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
@@ -29,6 +29,6 @@ __all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "Replicate
            "ScheduleInterleaved1F1B", "ScheduleZeroBubbleH1", "ScheduleZeroBubbleV", "StageInfo",
            "StepCosts", "StepTiming", "Timeline", "add_communication", "render_text", "simulate",
            "stages_of_rank", "to_chrome_trace", "validate_schedule",
-           "LayerCost", "LayerProfile", "StagePlan", "auto_stage_plan", "measure_layers", "measure_stage_times",
+           "LayerCost", "LayerProfile", "StagePlan", "measure_layers", "measure_stage_times",
            "plan_stages", "report", "stage_times_from_trace",
            "load_trace", "render_svg", "save_svg", "save_trace", "timeline_from_trace", "trace_to_dict"]

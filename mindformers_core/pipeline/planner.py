@@ -16,16 +16,13 @@ that the slowest stage is as fast as possible, under a per-stage memory limit.
 * ``report(plan, measured_stage_times)`` prints predicted against measured stage times;
   ``measure_stage_times`` measures them on the stage models the plan builds.
 
-``auto_stage_plan(cfg, ...)`` does all of it for a YAML config with
-``parallel.pipeline_config.layers_per_stage: auto`` (rank 0 measures, every rank reads the same
-plan from ``<output_dir>/stage_plan.json``). Stage times here are per microbatch; with virtual
+The trainer's ``layers_per_stage: auto`` (``training.stage_planning.auto_stage_plan``) does all of
+it for a YAML config; this module knows no model class and no config file. Stage times here are per microbatch; with virtual
 stages (``pipeline_interleave > 1``) the stages are planned in model order, each on its own.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -125,7 +122,7 @@ class StagePlan:
 
     def to_layer_ranges(self) -> List[str]:
         """One layer-range string per stage, e.g. ``["0-2", "3-7", "8-12", "13-15"]`` (accepted by
-        ``stage_split.stage_layer_ranges`` / ``layers_of_stage`` as ``layers_per_stage``)."""
+        ``common.placement.stage_layer_ranges`` as ``layers_per_stage``)."""
         return [format_layer_ranges(list(r)) for r in self.stages]
 
     def to_offsets(self) -> List[int]:
@@ -434,78 +431,3 @@ def report(plan: StagePlan, measured_stage_times, file=None) -> str:
     text = "\n".join(lines)
     print(text, file=file)
     return text
-
-
-# ---- YAML: layers_per_stage: auto -------------------------------------------------------------
-
-def _get(cfg, path: str, default=None):
-    node = cfg
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _default_builder(model_config: Dict[str, Any]):
-    from research.llama.llama import LlamaConfig, LlamaForCausalLM  # the trainer's model
-    mc = {k: v for k, v in model_config.items() if k != "offset"}
-    return LlamaForCausalLM(LlamaConfig.from_model_config(mc, {}))
-
-
-def auto_stage_plan(cfg, rank: int = 0, output_dir: Optional[str] = None, build_model: Optional[Callable] = None,
-                    memory_limit_bytes: Optional[float] = None, steps: int = 3, timeout: float = 1800.0) -> StagePlan:
-    """The stage plan for a config with ``parallel.pipeline_config.layers_per_stage: auto``.
-
-    Rank 0 builds the whole model on one process (``build_model(model_config_dict)``, default the
-    trainer's Llama), measures it on one microbatch (``runner_config.batch_size`` x
-    ``seq_length`` tokens, in the config's ``context.mode``) and plans ``pipeline_stage x
-    pipeline_interleave`` stages; it writes ``<output_dir>/stage_plan.json`` atomically. Other
-    ranks wait for that file, so every rank uses the same split. A file written for the same
-    model, batch and stage count is reused without measuring again (delete it to re-measure)."""
-    import numpy as np
-
-    mc = dict(_get(cfg, "model.model_config", {}) or {})
-    pp = int(_get(cfg, "parallel_config.pipeline_stage", 1))
-    vpp = int(_get(cfg, "parallel.pipeline_config.pipeline_interleave", 1))
-    batch = int(_get(cfg, "runner_config.batch_size", 1))
-    mode = "jit" if int(_get(cfg, "context.mode", 1)) == 0 else "pynative"
-    key = {"model_config": {k: v for k, v in mc.items() if k != "offset"}, "stages": pp * vpp, "batch": batch,
-           "mode": mode, "memory_limit_bytes": memory_limit_bytes}
-    key = json.loads(json.dumps(key, default=str))
-    out_dir = output_dir or str(_get(cfg, "output_dir", "./output"))
-    path = os.path.join(out_dir, PLAN_FILE)
-
-    def read() -> Optional[StagePlan]:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            return None
-        return StagePlan.from_dict(data["plan"]) if data.get("key") == key else None
-
-    plan = read()
-    if plan is not None:
-        return plan
-    if rank != 0:
-        deadline = time.monotonic() + timeout
-        while plan is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"auto_stage_plan: waited {timeout:.0f}s for rank 0 to write {path}")
-            time.sleep(0.5)
-            plan = read()
-        return plan
-    import mindspore as ms
-    model = (build_model or _default_builder)(mc)
-    seq, vocab = int(mc["seq_length"]), int(mc["vocab_size"])
-    ids = ms.Tensor(np.random.RandomState(0).randint(0, vocab, (batch, seq)), ms.int32)
-    profile = measure_layers(model, ids, steps=steps, mode=mode)
-    plan = plan_stages(profile, pp * vpp, memory_limit_bytes)
-    plan.meta.update(source="measured", batch=batch, seq_length=seq, mode=mode, steps=steps,
-                     layer_fwd=[c.fwd for c in profile.layers], layer_bwd=[c.bwd for c in profile.layers])
-    os.makedirs(out_dir, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"key": key, "plan": plan.to_dict()}, f, indent=1)
-    os.replace(tmp, path)
-    return plan

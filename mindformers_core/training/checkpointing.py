@@ -1,0 +1,150 @@
+"""The trainer's checkpoints: save (weights, AdamW moments, each rank's data position, the step),
+load resharded to this job's layout, resume, keep the newest ``keep_checkpoint_max``.
+
+Writes are atomic (``checkpoint.save_checkpoint`` publishes a step by renaming it, then moves the
+tracker); a resume with another data-parallel size re-splits the saved global data position.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from typing import Any, Callable, Dict, List, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor
+
+from ..checkpoint import (CheckpointError, list_steps, load_checkpoint, load_optimizer_state, load_training_state,
+                          save_checkpoint, shard_single_file)
+from ..checkpoint.format import read_tracker
+from ..sharding.annotations import global_shape_of, layout_of
+from .config import ConfigError
+from .preflight import resolve_checkpoint
+
+
+def set_parameter(param, value: np.ndarray) -> None:
+    """Overwrite a Parameter in place (same object: value_and_grad and the optimizer hold it)."""
+    value = np.asarray(value)
+    if tuple(param.shape) != value.shape:
+        raise ValueError(f"{param.name}: checkpoint slice has shape {value.shape}, the parameter {tuple(param.shape)}")
+    param.set_data(Tensor(value.astype(ms.dtype_to_nptype(param.dtype), copy=False)))
+
+
+class Checkpointer:
+    """Checkpoints of one rank's parameters. ``optimizer``/``wrapped``/``data`` are None in predict
+    mode (weights only); ``wrapped`` is the hsdp wrapper when hsdp holds shards of the state."""
+
+    def __init__(self, directory: str, rank: int, world: int, params: List, dp: int, dp_rank: int,
+                 optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
+                 log: Callable[[str], None] = print):
+        self.directory, self.rank, self.world = directory, rank, world
+        self.params, self.dp, self.dp_rank = params, dp, dp_rank
+        self.optimizer, self.wrapped, self.data, self.keep, self.log = optimizer, wrapped, data, keep, log
+
+    def full_weights(self):
+        """Context in which every parameter holds its full local (tensor-parallel) value: hsdp level3
+        gathers its shards and keeps what is set inside (a no-op otherwise)."""
+        return self.wrapped.unsharded() if self.wrapped is not None else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, trainer_state: Dict[str, Any]) -> str:
+        """Save weights, AdamW moments, this rank's data position and ``trainer_state`` (collective)."""
+        if self.wrapped is not None:    # hsdp holds shards of the moments (and of the weights at level3)
+            states = self.wrapped.full_optimizer_states(self.optimizer)
+            opt = {"adam_m": {p.name: st[0] for p, st in zip(self.params, states)},
+                   "adam_v": {p.name: st[1] for p, st in zip(self.params, states)}}
+        else:
+            opt = {"adam_m": {p.name: m.asnumpy() for p, m in zip(self.params, self.optimizer.moment1)},
+                   "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
+        with self.full_weights():
+            weights = {p.name: p.asnumpy() for p in self.params}
+        path = save_checkpoint(self.directory, step, weights, {p.name: layout_of(p) for p in self.params},
+                               optimizer_state=opt, data_state=self.data.state_dict(), trainer_state=trainer_state,
+                               rank=self.rank, world_size=self.world)
+        if self.rank == 0 and self.keep is not None:
+            self.prune(self.keep)
+        return path
+
+    def prune(self, keep: int) -> None:
+        """Delete all but the newest ``keep`` published steps (never the tracker's)."""
+        latest = read_tracker(self.directory)
+        steps = list_steps(self.directory)
+        for step in steps[:max(len(steps) - keep, 0)]:
+            if step != latest:
+                shutil.rmtree(os.path.join(self.directory, f"step_{step}"), ignore_errors=True)
+
+    # ------------------------------------------------------------------ load
+    def load(self, directory: str, resume: bool, step: Any = None) -> int:
+        """Load weights (resharded to this job's layout) from a checkpoint directory, one of its
+        ``step_<k>`` directories or a .safetensors file of full tensors; with ``resume`` also the
+        AdamW moments, the step counter (hence the lr position) and the data position. Returns the
+        step training continues from (0 without resume)."""
+        if step is None:
+            root, step = resolve_checkpoint(directory)
+        else:
+            root = directory
+        targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in self.params}
+        where = f"load_checkpoint = {directory!r}"
+        try:
+            if root == "file":
+                values = shard_single_file(step, targets, self.rank, strict=False)
+            else:
+                values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
+            with self.full_weights():
+                for p in self.params:    # set_data: ops.assign checks a sliced Parameter against its full
+                    set_parameter(p, values[p.name])  # shape once communication is initialised
+            if not resume:
+                if self.rank == 0:
+                    self.log(f"loaded weights from {directory}" + ("" if root == "file" else f" (step {step})"))
+                return 0
+            if root == "file":
+                raise ConfigError([f"{where}: a single file holds weights only; resume needs a checkpoint directory"])
+            state = load_training_state(root, step)
+            opt = load_optimizer_state(root, targets, self.rank, step=step)
+        except CheckpointError as e:
+            raise ConfigError([f"{where}: {e}"]) from None
+        missing = [p.name for p in self.params if p.name not in opt.get("adam_m", {}) or p.name not in
+                   opt.get("adam_v", {})]
+        if missing:
+            raise ConfigError([f"{where}: resume_training needs AdamW moments, missing for {missing[:5]}; "
+                               "load weights only (resume_training: False)"])
+        for p, m, v in zip(self.params, self.optimizer.moment1, self.optimizer.moment2):
+            full_m, full_v = opt["adam_m"][p.name], opt["adam_v"][p.name]
+            if self.wrapped is not None:       # this rank's hsdp shard of the full moments
+                full_m, full_v = self.wrapped.shard_of(p, full_m), self.wrapped.shard_of(p, full_v)
+            set_parameter(m, full_m)
+            set_parameter(v, full_v)
+        trained = int((state.trainer_state or {}).get("step", state.step))
+        set_parameter(self.optimizer.global_step, np.array(trained, np.int32))
+        self._restore_data(state, where)
+        return trained
+
+    def _restore_data(self, state, where: str) -> None:
+        """This rank's data position from the saved ones: the state of a rank with the same data-parallel
+        index when the data-parallel size is unchanged, else the same global position re-split."""
+        saved = [s for s in state.data_states.values() if s]
+        if not saved:
+            raise ConfigError([f"{where}: the checkpoint has no data state; load weights only "
+                               "(resume_training: False)"])
+        same = [s for s in saved if s.get("dp_size") == self.dp and s.get("dp_rank") == self.dp_rank]
+        if same:
+            self.data.load_state_dict(same[0])
+            return
+        sizes = {(s.get("dp_size"), s.get("consumed_samples")) for s in saved}
+        if len(sizes) != 1:
+            raise ConfigError([f"{where}: saved data states disagree ({sorted(sizes)}); resume with the saved "
+                               "layout"])
+        old_dp, consumed = sizes.pop()
+        num = int(saved[0].get("num_samples", -1))
+        if num != self.data.num_samples:
+            raise ConfigError([f"{where}: the checkpoint's data has {num} samples, this dataset "
+                               f"{self.data.num_samples}; resume with the same data, tokenizer and seq_length"])
+        epoch, pos = divmod(int(consumed), num // old_dp)
+        if (pos * old_dp) % self.dp:
+            raise ConfigError([f"{where}: the saved data position ({pos} samples on each of {old_dp} data-parallel "
+                               f"ranks in epoch {epoch}) does not split over data_parallel = {self.dp}; resume "
+                               f"with a data_parallel that divides {pos * old_dp}"])
+        moved = dict(saved[0], dp_rank=self.dp_rank, dp_size=self.dp,
+                     consumed_samples=epoch * self.data.samples_per_epoch + pos * old_dp // self.dp)
+        self.data.load_state_dict(moved)

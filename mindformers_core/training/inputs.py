@@ -1,0 +1,129 @@
+"""The trainer's inputs: corpus, tokenizer, this data-parallel rank's packed samples, batch sizes.
+
+Batches follow MindFormers: ``batch_size`` rows per microbatch; a step takes ``micro_batch_num``
+microbatches (pipeline) times ``gradient_accumulation_steps`` micro-steps per data-parallel rank.
+Rank 0 writes what is shared (the built-in corpus, the trained tokenizer, the token cache); the
+other ranks wait for the finished file.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ..data.corpus import build_corpus
+from ..data.dataset import PackedDataset, cache_file_for, tokenize_to_cache
+from ..data.tokenizer import LlamaTokenizer, train_tokenizer
+from .config import Config, ConfigError
+from .preflight import Preflight
+from .shape import JobShape
+
+BUILTIN_CORPUS_BYTES = 2_000_000
+Batch = Tuple[np.ndarray, np.ndarray]
+
+
+def wait_for(path: str, timeout: float = 600.0) -> None:
+    """Block until rank 0 has published ``path`` (it writes a temporary name and renames)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f}s for rank 0 to write {path}")
+        time.sleep(0.2)
+
+
+@dataclass
+class Inputs:
+    tokenizer: LlamaTokenizer
+    data: object                    # PackedDataset or MindRecordDataset of this data-parallel rank
+    eval_data: Optional[object]
+    micro_batch: int                # rows of one microbatch
+    local_batch: int                # rows of one step on one data-parallel rank
+    global_batch: int
+    total_steps: int
+
+    def batches(self) -> Iterator[Batch]:
+        """Local batches of this data-parallel rank; the dataset resumes from its consumed count
+        and continues into the next epoch at the end of one."""
+        it = iter(self.data)
+        while True:
+            rows = []
+            while len(rows) < self.local_batch:
+                sample = next(it, None)
+                if sample is None:
+                    it = iter(self.data)
+                    continue
+                rows.append(sample)
+            yield stack(rows)
+
+    def eval_batches(self, steps: int) -> Iterator[Batch]:
+        """The first ``steps`` microbatches of the held-out data: the same ones every time."""
+        self.eval_data.consumed_samples = 0
+        it = iter(self.eval_data)
+        for _ in range(steps):
+            yield stack([next(it) for _ in range(self.micro_batch)])
+
+
+def stack(rows) -> Batch:
+    return (np.stack([r[0] for r in rows]).astype(np.int32), np.stack([r[1] for r in rows]).astype(np.int32))
+
+
+def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_rank: int,
+                 output_dir: str) -> Inputs:
+    ds, mc = cfg.train_dataset, cfg.model.model_config
+    files = found.files
+    if not ds.dataset_dir:                  # the built-in corpus, written once by rank 0
+        if rank == 0 and not os.path.exists(files[0]):
+            build_corpus(files[0], max_bytes=BUILTIN_CORPUS_BYTES)
+        wait_for(files[0])
+    tok = found.tokenizer_file
+    if rank == 0 and not os.path.exists(tok):
+        prefix = tok[:-len(".model")]
+        trained = train_tokenizer(files, prefix + ".tmp", int(mc.vocab_size))
+        os.replace(prefix + ".tmp.vocab", prefix + ".vocab")
+        os.replace(trained, tok)             # the .model last: its presence means "done"
+    wait_for(tok)
+    tokenizer = LlamaTokenizer(tok)
+    if tokenizer.vocab_size != int(mc.vocab_size):
+        raise ConfigError([f"model.model_config.vocab_size = {mc.vocab_size}: must equal the tokenizer's "
+                           f"vocabulary, {tokenizer.vocab_size} pieces in {tok}"])
+
+    def dataset(key: str, kind: str, directory: Optional[str], paths: List[str], shuffle: bool):
+        order = dict(seed=int(cfg.seed), shuffle=shuffle, dp_rank=dp_rank, dp_size=shape.dp)
+        try:
+            if kind == "mindrecord":
+                from ..data.mindrecord import MindRecordDataset
+                return MindRecordDataset(os.path.abspath(directory), int(mc.seq_length), **order)
+            cache = os.path.join(output_dir, "token_cache")
+            if rank == 0:                   # tokenize once; the others wait for the cache file
+                tokenize_to_cache(paths, tokenizer, cache, "text")
+            else:
+                wait_for(cache_file_for(paths, tokenizer, cache, "text"))
+            return PackedDataset(paths, tokenizer, int(mc.seq_length), cache_dir=cache, **order)
+        except ValueError as e:
+            raise ConfigError([f"{key}.dataset_dir = {directory!r}: {e}"]) from None
+
+    data = dataset("train_dataset", ds.type, ds.dataset_dir, files, bool(ds.shuffle))
+    micro_batch = int(cfg.runner_config.batch_size)
+    eval_data = None
+    if found.eval_files:
+        ev = cfg.eval_dataset
+        eval_data = dataset("eval_dataset", ev.type, ev.dataset_dir, found.eval_files, False)
+        need = int(ev.eval_steps) * micro_batch
+        if eval_data.samples_per_epoch < need:
+            raise ConfigError([f"eval_dataset.eval_steps = {ev.eval_steps}: needs {need} samples per data-parallel "
+                               f"rank (x batch_size {micro_batch}), the eval data has "
+                               f"{eval_data.samples_per_epoch}"])
+    local_batch = micro_batch * shape.micro_batch_num * shape.accumulate
+    steps_per_epoch = data.samples_per_epoch // local_batch
+    if steps_per_epoch < 1:
+        raise ConfigError([f"runner_config.batch_size = {micro_batch}: a step takes {local_batch} "
+                           f"samples per data-parallel rank (x micro_batch_num {shape.micro_batch_num} x "
+                           f"gradient_accumulation_steps {shape.accumulate}) but each data-parallel rank has "
+                           f"only {data.samples_per_epoch} samples of {mc.seq_length} tokens per epoch"])
+    total_steps = steps_per_epoch * int(cfg.runner_config.epochs)
+    if int(cfg.runner_config.max_steps) > 0:
+        total_steps = min(total_steps, int(cfg.runner_config.max_steps))
+    return Inputs(tokenizer, data, eval_data, micro_batch, local_batch, local_batch * shape.dp, total_steps)

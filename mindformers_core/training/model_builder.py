@@ -1,0 +1,116 @@
+"""The model the config names (``model.arch.type`` from the model registry), or this rank's pipeline
+stages of it, sharded over this stage's ranks by the layers' ``shard()`` declarations, with
+recompute/swap applied by Cell name.
+
+Plans see global shapes: the sample inputs are one global microbatch. With a pipeline, each stage
+chunk's parameters are renamed to their global layer numbers, so names are unique on a rank and a
+checkpoint holds one entry per parameter of the whole model.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import List, Optional
+
+import mindspore as ms
+import numpy as np
+
+from ..models import get_model_spec
+from ..sharding.annotations import sharding_plan_of
+from ..sharding.layout import Layout
+from ..sharding.parallelizer import parallelize
+from .config import Config, ConfigError
+from .shape import JobShape
+from .topology import Topology
+
+_LOCAL_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
+
+
+@dataclass
+class BuiltModel:
+    model_config: object        # the TransformerConfig the chunks were built with
+    chunks: list                # this rank's stage Cells in model order (one without a pipeline)
+    params: list                # their trainable parameters, in order
+    plan: object                # the first chunk's ShardingPlan
+
+    @property
+    def model(self):
+        return self.chunks[0]
+
+
+def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, output_dir: str,
+                log=print) -> BuiltModel:
+    spec = get_model_spec(cfg.model.arch.type)
+    mcfg = spec.config_class.from_model_config(cfg.model.model_config, dict(cfg.parallel_config))
+    mcfg.data_parallel_size = shape.dp
+    mcfg.tensor_model_parallel_size = shape.tp
+    mcfg.pipeline_model_parallel_size = shape.pp
+    mcfg.virtual_pipeline_model_parallel_size = shape.vpp if shape.vpp > 1 else None
+    mcfg.sequence_parallel = bool(cfg.parallel_config.use_seq_parallel) and shape.tp > 1
+    mesh = Layout((shape.dp, 1, shape.tp), ("dp", "cp", "tp"), topo.stage_ranks)
+    seq = int(cfg.model.model_config.seq_length)
+    ids = np.zeros((micro_batch * shape.dp, seq), np.int32)
+    counts = layer_counts(cfg, topo, output_dir, log) if shape.pp > 1 else None
+    chunks = []
+    for s in topo.stages:
+        ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
+        if shape.pp == 1:
+            chunk = spec.model_class(mcfg)
+            parallelize(chunk, mcfg, ids, ids, mesh=mesh, rank=topo.rank)
+        else:
+            chunk = spec.model_class(mcfg, pp_rank=s % shape.pp, vp_stage=s // shape.pp if shape.vpp > 1 else None,
+                                     layers_per_stage=counts)
+            _parallelize_stage(chunk, mcfg, s, topo, mesh, ids)
+            numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
+            for p in chunk.trainable_params():
+                p.name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", p.name)
+        _apply_recompute(cfg, chunk, topo.rank, log)
+        chunks.append(chunk)
+    params = [p for chunk in chunks for p in chunk.trainable_params()]
+    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]))
+
+
+def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Optional[List[int]]:
+    """Layers per stage in model order: explicit ``layers_per_stage``, measured (``auto``), or
+    None (MindFormers' ``offset``, or uniform)."""
+    explicit = cfg.parallel.pipeline_config.layers_per_stage
+    if explicit is None:
+        return None
+    if explicit == "auto":
+        from .stage_planning import auto_stage_plan
+        plan = auto_stage_plan(cfg.to_dict(), rank=topo.rank, output_dir=output_dir)
+        if topo.rank == 0:
+            log(f"layers_per_stage: auto -> {plan.counts} (stage_plan.json in {output_dir})")
+        return plan.counts
+    return [len(r) for r in topo.layer_ranges(int(cfg.model.model_config.num_layers), explicit)]
+
+
+def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarray) -> None:
+    """A pipeline stage takes ids (first stage) or hidden states, and labels on the last stage;
+    hidden states arrive split over dp (and over tp along the sequence with SP)."""
+    if s == 0:
+        parallelize(chunk, mcfg, ids, mesh=mesh, rank=topo.rank)
+        return
+    dpx = "dp" if topo.dp > 1 else "None"
+    hidden = np.zeros(ids.shape + (mcfg.hidden_size,), np.float32)
+    samples = [hidden, ids]
+    layouts = [mesh(dpx, "tp" if mcfg.sequence_parallel else "None", "None"), mesh(dpx, "None")]
+    if s != topo.stage_num - 1:
+        samples, layouts = samples[:1], layouts[:1]
+    parallelize(chunk, mcfg, *samples, mesh=mesh, rank=topo.rank, input_layouts=layouts)
+
+
+def _apply_recompute(cfg: Config, chunk, rank: int, log=print) -> None:
+    """recompute_config / swap_config as MindFormers writes them (see docs/recompute.md)."""
+    rc, sc = dict(cfg.recompute_config), dict(cfg.swap_config)
+    if not any(rc.get(k) for k in ("recompute", "select_recompute", "select_comm_recompute")) and not sc.get("swap"):
+        return
+    from ..recompute import apply_mindformers
+    try:
+        rec, swp = apply_mindformers(chunk, rc, sc if sc.get("swap") else None)
+    except ValueError as e:
+        raise ConfigError([f"recompute_config / swap_config: {e}"]) from None
+    if rank == 0:
+        names = ", ".join(rec.names[:3]) + (", ..." if len(rec) > 3 else "")
+        log(f"recompute: {len(rec)} Cells ({names})" + (f"; swap: {len(swp)} Cells" if swp is not None and len(swp)
+                                                         else ""))

@@ -1,0 +1,305 @@
+"""The trainer's own checks, run before any process group exists.
+
+The schema and its rules (``config.py``, ``rules.py``) judge the keys; these checks judge what the
+trainer does with them: the files named (data, tokenizer, checkpoint), the tokenizer's vocabulary
+against ``vocab_size``, the pipeline schedule (built from stage placeholders, so its own validator
+runs), the model class and the features not wired. All problems come back as one ConfigError.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from ..checkpoint import CheckpointError, list_steps, load_training_state
+from ..checkpoint.format import METADATA, TRACKER, read_tracker
+from ..data.tokenizer import LlamaTokenizer
+from ..pipeline.schedules import build_schedule
+from ..pipeline.stage import StageInfo
+from .config import Config, ConfigError
+from .shape import JobShape
+from .topology import Topology
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_JSONL = (".jsonl", ".json")
+
+
+def callback(cfg: Config, kind: str) -> Optional[Config]:
+    """The last ``callbacks`` entry of ``type: kind``, or None."""
+    found = [cb for cb in (cfg.callbacks or []) if cb.get("type") == kind]
+    return found[-1] if found else None
+
+
+def data_files(path: str, kind: str, section: str = "train_dataset") -> List[str]:
+    """The files ``<section>.dataset_dir`` names: the file itself, or the directory's regular,
+    non-hidden files of the dataset type (``.jsonl``/``.json`` for jsonl, any other for text), sorted;
+    for ``mindrecord``, the ``.mindrecord`` file or the directory's ones. Raises ConfigError naming
+    the key."""
+    key = f"{section}.dataset_dir = {path!r}"
+    if kind == "mindrecord":
+        from ..data.mindrecord import mindrecord_files
+        try:
+            return mindrecord_files(path)
+        except FileNotFoundError as e:
+            raise ConfigError([f"{key}: {e}"]) from None
+    if not os.path.exists(path):
+        raise ConfigError([f"{key}: no such file or directory"])
+    if os.path.isfile(path):
+        if (kind == "jsonl") != path.endswith(_JSONL):
+            raise ConfigError([f"{key}: a {'JSONL' if path.endswith(_JSONL) else 'plain-text'} file but "
+                               f"{section}.type = {kind!r}; text files hold one document per line, "
+                               f"jsonl files (.jsonl/.json) one {{\"text\": ...}} object per line"])
+        return [path]
+    files = sorted(os.path.join(path, n) for n in os.listdir(path)
+                   if not n.startswith(".") and not n.endswith((".tmp", ".npy"))
+                   and os.path.isfile(os.path.join(path, n)) and (kind == "jsonl") == n.endswith(_JSONL))
+    if not files:
+        want = "*.jsonl/*.json" if kind == "jsonl" else "text files (not .jsonl/.json)"
+        raise ConfigError([f"{key}: directory holds no {want} for {section}.type = {kind!r}"])
+    return files
+
+
+def resolve_checkpoint(path: str, key: str = "load_checkpoint") -> Tuple[str, Any]:
+    """``(root, step)`` for a checkpoint path: a root directory (``"latest"``), one of its
+    ``step_<k>`` directories, or ``("file", path)`` for a safetensors file of full tensors."""
+    where = f"{key} = {path!r}"
+    if os.path.isfile(path):
+        if not path.endswith(".safetensors"):
+            raise ConfigError([f"{where}: a file, but only .safetensors files of full tensors load directly "
+                               "(or give a checkpoint directory written by this trainer)"])
+        return "file", path
+    if not os.path.isdir(path):
+        raise ConfigError([f"{where}: no such checkpoint directory or file"])
+    m = _STEP_DIR.match(os.path.basename(os.path.normpath(path)))
+    if m and os.path.isfile(os.path.join(path, METADATA)):
+        return os.path.dirname(os.path.normpath(path)), int(m.group(1))
+    if os.path.isfile(os.path.join(path, TRACKER)) or list_steps(path):
+        return path, "latest"
+    raise ConfigError([f"{where}: not a checkpoint directory (no {TRACKER} and no step_<k>/ inside); give the "
+                       "<output_dir>/checkpoint directory, one of its step_<k> directories, or a .safetensors file"])
+
+
+@dataclass
+class Preflight:
+    """What the checks found and the trainer uses: files, tokenizer, what to load, warnings."""
+    files: List[str] = field(default_factory=list)
+    tokenizer_file: str = ""
+    eval_files: Optional[List[str]] = None
+    checkpoint_source: Optional[Tuple[str, Any, bool]] = None   # (root or "file", step or path, resume)
+    warnings: List[str] = field(default_factory=list)
+
+
+def preflight(cfg: Config, shape: JobShape, worker_num: int, output_dir: str) -> Preflight:
+    """Everything the trainer can check before distributed init; raises one ConfigError."""
+    checks = _Checks(cfg, shape, output_dir)
+    checks.shape_errors(worker_num)
+    if checks.errors:
+        raise ConfigError(checks.errors)
+    return checks.files_and_features()
+
+
+class _Checks:
+    def __init__(self, cfg: Config, shape: JobShape, output_dir: str):
+        self.cfg, self.shape, self.output_dir = cfg, shape, output_dir
+        self.errors: List[str] = []
+        self.found = Preflight()
+
+    # ------------------------------------------------------------------ sizes, model, schedule
+    def shape_errors(self, worker_num: int) -> None:
+        from ..models import registered_models
+        cfg, shape, errors = self.cfg, self.shape, self.errors
+        rc = cfg.runner_config
+        if shape.pp > 1:
+            self.pipeline_errors()
+        if shape.cp > 1:
+            errors.append(f"parallel_config.context_parallel = {shape.cp}: context-parallel attention is not "
+                          "implemented; use context_parallel: 1")
+        models = registered_models()
+        if cfg.model.arch.type not in models:
+            errors.append(f"model.arch.type = {cfg.model.arch.type!r}: registered models are {models} "
+                          "(user models register with @register_model and load with --register_path)")
+        if cfg.optimizer.type != "AdamW":
+            errors.append(f"optimizer.type = {cfg.optimizer.type!r}: only AdamW is wired into this trainer")
+        max_steps = int(rc.max_steps)
+        if max_steps == 0 or max_steps < -1:
+            errors.append(f"runner_config.max_steps = {max_steps}: must be -1 (the epochs decide) or >= 1")
+        if float(rc.max_grad_norm) < 0:
+            errors.append(f"runner_config.max_grad_norm = {rc.max_grad_norm}: must be >= 0 (0 = no clipping)")
+        lc = cfg.lr_schedule
+        if lc.warmup_steps is not None and int(lc.total_steps) > 0 and lc.type != "ConstantWarmUpLR" \
+                and int(lc.warmup_steps) >= int(lc.total_steps):
+            errors.append(f"lr_schedule.warmup_steps = {lc.warmup_steps}: must be < lr_schedule.total_steps = "
+                          f"{lc.total_steps} for {lc.type}")
+        if shape.predicting and worker_num > 1:
+            errors.append(f"run_mode = 'predict': runs on one process, not {worker_num} workers "
+                          "(start it without msrun, use_parallel: False)")
+        problem = shape.world_problem(worker_num, "the worker count")
+        if problem:
+            errors.append(problem + " (msrun --worker_num)")
+
+    def pipeline_errors(self) -> None:
+        """Pipeline settings the schema cannot judge alone: build this job's schedule from stage
+        placeholders (pure logic: the schedule's own validator runs) and check the model fits."""
+        cfg, shape, pc = self.cfg, self.shape, self.cfg.parallel_config
+        pipe = cfg.parallel.pipeline_config
+        if cfg.model.model_config.tie_word_embeddings:
+            self.errors.append("model.model_config.tie_word_embeddings = True: with parallel_config.pipeline_stage = "
+                               f"{shape.pp} the embedding (first stage) and output layer (last stage) live on "
+                               "different ranks; set tie_word_embeddings: False")
+        topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler)
+        if isinstance(pipe.layers_per_stage, list):   # (the schema's rules checked the split itself)
+            try:
+                ranges = topo.layer_ranges(int(cfg.model.model_config.num_layers), pipe.layers_per_stage)
+            except (TypeError, ValueError):
+                ranges = None
+            for r in range(topo.pp) if ranges else ():
+                held = [s for s, q in enumerate(topo.placement) if q == r]
+                if not any(len(ranges[s]) for s in held) and 0 not in held and topo.stage_num - 1 not in held:
+                    self.errors.append(f"parallel.pipeline_config.layers_per_stage = {pipe.layers_per_stage}: "
+                                       f"pipeline rank {r} would hold stages {held} with no layers and no embedding "
+                                       "or output layer (nothing to train); give every rank at least one layer")
+        try:
+            build_schedule(shape.scheduler, [StageInfo(s, topo.stage_num) for s in topo.stages], shape.micro_batch_num)
+        except ValueError as e:
+            self.errors.append(f"parallel.pipeline_config.pipeline_scheduler = {shape.scheduler!r} with "
+                               f"parallel_config.pipeline_stage {pc.pipeline_stage}, pipeline_interleave "
+                               f"{pipe.pipeline_interleave}, micro_batch_num {pc.micro_batch_num}: {e}")
+
+    # ------------------------------------------------------------------ files and features
+    def files_and_features(self) -> Preflight:
+        cfg, shape, found, errors = self.cfg, self.shape, self.found, self.errors
+        found.checkpoint_source = self.checkpoint_source()
+        if not shape.predicting:
+            try:
+                ds = cfg.train_dataset
+                if ds.type == "mindrecord":
+                    found.files = self.mindrecord_files()
+                elif ds.dataset_dir:
+                    found.files = data_files(os.path.abspath(ds.dataset_dir), ds.type)
+                elif ds.type != "text":
+                    errors.append(f"train_dataset.type = {ds.type!r}: the built-in corpus "
+                                  "(dataset_dir: null) is plain text; use type: text or give a dataset_dir")
+                else:
+                    found.files = [os.path.join(self.output_dir, "corpus.txt")]   # built by the trainer
+            except ConfigError as e:
+                errors += e.errors
+        found.tokenizer_file = self.tokenizer_file()
+        found.eval_files = self.eval_files() if not shape.predicting else None
+        if shape.sharded_dp and shape.pp > 1 and shape.accumulate > 1:
+            errors.append(f"runner_config.gradient_accumulation_steps = {shape.accumulate}: with pipeline_stage > 1 "
+                          "and enable_parallel_optimizer (hsdp) accumulate through micro_batch_num instead (the "
+                          "schedule already sums microbatch gradients); use 1")
+        if shape.sharded_dp and shape.dp == 1:
+            found.warnings.append("warning: parallel.enable_parallel_optimizer = True with data_parallel 1: nothing "
+                                  "to shard over; hsdp runs with one rank per shard group")
+        if errors:
+            raise ConfigError(errors)
+        return found
+
+    def eval_files(self) -> Optional[List[str]]:
+        """EvalCallBack's held-out data (``eval_dataset``), or None without that callback."""
+        if callback(self.cfg, "EvalCallBack") is None:
+            return None
+        ev = self.cfg.eval_dataset
+        if self.shape.pp > 1:
+            self.errors.append(f"callbacks: EvalCallBack with parallel_config.pipeline_stage = {self.shape.pp}: "
+                               "evaluation runs the whole model's forward and the pipeline runtime has no "
+                               "forward-only schedule yet; evaluate a checkpoint on pipeline_stage 1 instead")
+            return None
+        if not ev.dataset_dir:
+            self.errors.append("eval_dataset.dataset_dir = None: EvalCallBack needs held-out data (a file or "
+                               "directory of eval_dataset.type)")
+            return None
+        try:
+            return data_files(os.path.abspath(ev.dataset_dir), ev.type, "eval_dataset")
+        except ConfigError as e:
+            self.errors += e.errors
+        return None
+
+    def mindrecord_files(self) -> List[str]:
+        """MindRecord data: a .mindrecord file or a directory of them, and the tokenizer it was made with."""
+        ds = self.cfg.train_dataset
+        if not ds.dataset_dir:
+            self.errors.append("train_dataset.type = 'mindrecord': needs train_dataset.dataset_dir (a .mindrecord "
+                               "file or a directory of them, written by scripts/preprocess_mindrecord.py)")
+            return []
+        if not ds.tokenizer_file:
+            self.errors.append("train_dataset.type = 'mindrecord': needs train_dataset.tokenizer_file, the tokenizer "
+                               "the MindRecord data was written with (token ids mean nothing without it)")
+        return data_files(os.path.abspath(ds.dataset_dir), ds.type)
+
+    def checkpoint_source(self) -> Optional[Tuple[str, Any, bool]]:
+        """``(root or "file", step or path, resume)`` to load at the start, or None."""
+        cfg = self.cfg
+        resume = cfg.resume_training
+        try:
+            if isinstance(resume, str) and resume.strip():
+                if os.path.exists(resume):
+                    root, step = resolve_checkpoint(resume, "resume_training")
+                else:   # a step of load_checkpoint (or of <output_dir>/checkpoint): "step_6" or "6"
+                    base = cfg.load_checkpoint or os.path.join(self.output_dir, "checkpoint")
+                    m = re.fullmatch(r"(?:step_)?(\d+)", resume.strip())
+                    if not m:
+                        raise ConfigError([f"resume_training = {resume!r}: must be True/False, a checkpoint path, "
+                                           f"or a step ('step_6' or '6') of {base}"])
+                    root, step = resolve_checkpoint(os.path.join(base, f"step_{m.group(1)}"), "resume_training")
+                if root == "file":
+                    raise ConfigError([f"resume_training = {resume!r}: a single file holds weights only; resume "
+                                       "needs a checkpoint directory (optimizer and data state)"])
+                return root, step, True
+            if cfg.load_checkpoint:
+                root, step = resolve_checkpoint(cfg.load_checkpoint)
+                if resume and root == "file":
+                    raise ConfigError([f"load_checkpoint = {cfg.load_checkpoint!r}: a single file holds weights "
+                                       "only; resume_training needs a checkpoint directory"])
+                return root, step, bool(resume) and not self.shape.predicting
+            if resume:
+                own = os.path.join(self.output_dir, "checkpoint")
+                if read_tracker(own) is not None or list_steps(own):
+                    return own, "latest", True
+                self.found.warnings.append(f"resume_training = True: no checkpoint in {own} yet; starting at step 0")
+        except ConfigError as e:
+            self.errors += e.errors
+        except CheckpointError as e:
+            self.errors.append(f"load_checkpoint = {cfg.load_checkpoint!r}: {e}")
+        return None
+
+    def tokenizer_file(self) -> str:
+        """The tokenizer to use: train_dataset.tokenizer_file, else (predict) the one the checkpoint
+        was trained with, else <output_dir>/tokenizer_<vocab>.model (trained by the trainer when missing)."""
+        cfg, source, errors = self.cfg, self.found.checkpoint_source, self.errors
+        vocab = int(cfg.model.model_config.vocab_size)
+        tok = cfg.train_dataset.tokenizer_file
+        key = "train_dataset.tokenizer_file"
+        if not tok and self.shape.predicting and source and source[0] != "file":
+            try:
+                tok = (load_training_state(source[0], source[1]).trainer_state or {}).get("tokenizer_file")
+                key = f"the tokenizer recorded in the checkpoint {source[0]}"
+            except CheckpointError:
+                tok = None
+        if not tok:
+            own = os.path.join(self.output_dir, f"tokenizer_{vocab}.model")
+            if self.shape.predicting and not os.path.exists(own):
+                errors.append(f"train_dataset.tokenizer_file = None: predict needs the tokenizer the model was "
+                              f"trained with; give train_dataset.tokenizer_file (no {own})")
+            elif not os.path.exists(own) and vocab <= 259:
+                errors.append(f"model.model_config.vocab_size = {vocab}: too small to train a byte-fallback "
+                              "tokenizer (needs > 259: 3 special + 256 byte pieces); give "
+                              "train_dataset.tokenizer_file or a larger vocab_size")
+            if not os.path.exists(own):
+                return own
+            tok, key = own, f"the tokenizer {own} (trained by an earlier run in output_dir)"
+        tok = os.path.abspath(tok)
+        if not os.path.isfile(tok):
+            errors.append(f"{key} = {tok!r}: no such file")
+            return tok
+        try:
+            pieces = LlamaTokenizer(tok).vocab_size
+        except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError variants
+            errors.append(f"{key} = {tok!r}: not a sentencepiece model ({type(e).__name__}: {e})")
+            return tok
+        if pieces != vocab:
+            errors.append(f"model.model_config.vocab_size = {vocab}: must equal the tokenizer's vocabulary, "
+                          f"{pieces} pieces in {key} = {tok!r}")
+        return tok

@@ -1,0 +1,177 @@
+"""One training step ``(ids, labels) -> (loss, grad_norm)`` for every combination the trainer runs.
+
+A step is built from three choices:
+
+* where gradients come from: one ``value_and_grad`` of the model, or a pipeline schedule run over
+  this rank's stages (the last stage's loss shared with every pipeline rank for logging);
+* who reduces, clips and updates: our ``GradientReducer`` + ``ClipGradNorm`` + ``AdamW``, or hsdp
+  (``parallel.enable_parallel_optimizer``: ZeRO over the data-parallel axis, which also owns
+  accumulation and clipping);
+* how many micro-steps: ``gradient_accumulation_steps`` slices of the local batch, gradients summed
+  and their mean applied once (the same update as one batch of all rows).
+
+Under jit (``context.mode: 0``) the plain step is one compiled graph; with accumulation or a
+pipeline, the gradient function and the update are compiled and driven by a Python loop.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import mindspore as ms
+
+from ..optim import AdamW, ClipGradNorm, build_lr_schedule, replication_weights
+from ..pipeline.schedules import build_schedule
+from ..sharding.parallelizer import GradientReducer
+from .config import Config, ConfigError
+from .model_builder import BuiltModel
+from .shape import JobShape
+from .topology import Topology
+
+
+@dataclass
+class TrainStep:
+    step_fn: Callable            # (ids, labels) -> (loss, grad_norm)
+    optimizer: AdamW
+    lr: object                   # the lr schedule (``lr.at(step)``)
+    wrapped: Optional[object]    # the hsdp wrapper, when hsdp owns the update
+
+
+def clip_limit(max_grad_norm: float) -> float:
+    """``runner_config.max_grad_norm`` as a clipping limit: 0 means no clipping, i.e. an infinite
+    limit (the norm is still computed and logged)."""
+    return max_grad_norm if max_grad_norm > 0 else math.inf
+
+
+def micro_slices(ids, labels, k: int) -> Iterator[Tuple[object, object]]:
+    """The ``k`` equal row slices of a local batch, in order (gradient-accumulation micro-steps)."""
+    rows = ids.shape[0] // k
+    for i in range(k):
+        yield ids[i * rows:(i + 1) * rows], labels[i * rows:(i + 1) * rows]
+
+
+def build_lr(cfg: Config, total_steps: int):
+    oc, lc = cfg.optimizer, cfg.lr_schedule
+    total = int(lc.total_steps) if int(lc.total_steps) > 0 else total_steps
+    warmup = int(lc.warmup_steps) if lc.warmup_steps is not None else int(round(float(lc.warmup_ratio) * total))
+    peak = float(lc.learning_rate if lc.learning_rate is not None else oc.learning_rate)
+    try:
+        return build_lr_schedule(lc.type, peak, warmup, total, float(lc.lr_end))
+    except ValueError as e:
+        raise ConfigError([f"lr_schedule = {lc.type} with warmup {warmup} of {total} steps: {e}"]) from None
+
+
+def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltModel, total_steps: int) -> TrainStep:
+    params = built.params
+    lr = build_lr(cfg, total_steps)
+    oc = cfg.optimizer
+    optimizer = AdamW(params, lr, betas=tuple(oc.betas), eps=float(oc.eps), weight_decay=float(oc.weight_decay))
+    tp_groups, axis_groups = [], {}
+    if shape.tp > 1:
+        from ..sharding.dtensor import device_mesh_of
+        axis_groups["tp"] = device_mesh_of(built.plan.mesh).get_group("tp")
+        tp_groups.append(axis_groups["tp"])
+    pp_group = None
+    if shape.pp > 1:    # stages hold different parameters: their squared norms add up over pp
+        from ..distributed.process_group import new_group
+        pp_group = new_group(topo.pp_ranks)
+    weights = replication_weights(params, axis_groups) if axis_groups else None
+    limit = clip_limit(float(cfg.runner_config.max_grad_norm))
+    stages, schedule = _pipeline_schedule(shape, topo, built) if shape.pp > 1 else (None, None)
+    feed = _StageFeed(topo, pp_group)
+    if shape.sharded_dp:
+        wrapped = _hsdp(cfg, shape, built, stages)
+        target = schedule if schedule is not None else built.model
+        hsdp_step = wrapped.train_step(target, optimizer, mode=shape.mode_name, max_grad_norm=limit,
+                                  norm_groups=tp_groups, norm_weights=weights)
+        if schedule is not None:
+            def pipeline_step(ids, labels):
+                return feed.shared_loss(hsdp_step(*feed.inputs(ids, labels))), hsdp_step.grad_norm
+            return TrainStep(pipeline_step, optimizer, lr, wrapped)
+
+        def micro_steps(ids, labels):      # hsdp accumulates: communication on the last micro-step only
+            for mids, mlabels in micro_slices(ids, labels, shape.accumulate):
+                loss = hsdp_step(mids, mlabels)
+            return loss, hsdp_step.grad_norm
+        return TrainStep(micro_steps, optimizer, lr, wrapped)
+
+    reducer = GradientReducer(params)
+    clip = ClipGradNorm(limit, tp_groups + ([pp_group] if pp_group is not None else []), weights)
+    k = shape.accumulate
+
+    def update(grads):
+        if k > 1:
+            grads = tuple(g / k for g in grads)
+        grads, norm = clip(reducer(grads))
+        optimizer(grads)
+        return norm
+
+    if schedule is not None:
+        def grads_of(ids, labels):
+            loss = schedule.run(*feed.inputs(ids, labels), mode=shape.mode_name)
+            return feed.shared_loss(loss), tuple(g for st in stages for g in st.grads)
+    else:
+        grad_fn = ms.value_and_grad(built.model, None, params)
+        if k == 1:          # the whole step as one function (one graph under jit)
+            def step(ids, labels):
+                loss, grads = grad_fn(ids, labels)
+                return loss, update(grads)
+            return TrainStep(ms.jit(step) if shape.jit else step, optimizer, lr, None)
+        grads_of = ms.jit(grad_fn) if shape.jit else grad_fn
+    update_fn = ms.jit(update) if shape.jit else update
+
+    def accumulating_step(ids, labels):
+        total, summed = 0.0, None
+        for mids, mlabels in micro_slices(ids, labels, k):
+            loss, grads = grads_of(mids, mlabels)
+            total = total + loss
+            summed = grads if summed is None else tuple(a + g for a, g in zip(summed, grads))
+        # a plain tuple of Tensors is a constant to ms.jit: it would recompile at every step
+        return total / k, update_fn(ms.mutable(summed) if shape.jit else summed)
+    return TrainStep(accumulating_step, optimizer, lr, None)
+
+
+class _StageFeed:
+    """What this rank's pipeline stages take and give: ids on the first stage, labels on the last,
+    the loss (made on the last stage's ranks) shared with every pipeline rank for logging."""
+
+    def __init__(self, topo: Topology, pp_group):
+        self.first, self.last, self.pp_group = topo.holds_first_stage, topo.holds_last_stage, pp_group
+
+    def inputs(self, ids, labels):
+        return ids if self.first else None, labels if self.last else None
+
+    def shared_loss(self, loss):
+        from ..distributed import comm
+        loss = loss if loss is not None else ms.ops.zeros((), ms.float32)
+        return comm.all_reduce(loss, "sum", self.pp_group)
+
+
+def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel):
+    """This rank's ``PipelineStage`` objects and the configured schedule over them."""
+    from ..pipeline.runtime import PipelineStage
+    stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks, loss_in_cell=s == topo.stage_num - 1)
+              for chunk, s in zip(built.chunks, topo.stages)]
+    return stages, build_schedule(shape.scheduler, stages, shape.micro_batch_num)
+
+
+def _hsdp(cfg: Config, shape: JobShape, built: BuiltModel, stages):
+    """hsdp (ZeRO level from the ``hsdp`` block) over the data-parallel axis of the model's (or
+    each stage's) sharding plan; it owns the gradient reduction, accumulation, clipping (tp and pp
+    included) and the sharded AdamW update. Level3 gathers a decoder layer's weights as one unit
+    (before its forward and its backward); embedding, final norm and output layer are units of
+    their own."""
+    from ..hsdp import hsdp
+    hc = cfg.hsdp
+    target = stages if stages is not None else built.model
+    pattern = "*decoder.layers.*"
+    has_layers = any(fnmatch.fnmatchcase(n, pattern) for c in built.chunks for n, _ in c.cells_and_names())
+    units: Optional[List[str]] = [pattern] if (hc.optimizer_level == "level3" and has_layers) else None
+    try:
+        return hsdp(target, shard_size=int(hc.shard_size), threshold=float(hc.threshold),
+                    optimizer_level=hc.optimizer_level, accumulate_grad_step=1 if shape.pp > 1 else shape.accumulate,
+                    units=units)
+    except ValueError as e:
+        raise ConfigError([f"hsdp = {dict(hc)}: {e}"]) from None
