@@ -1,5 +1,6 @@
-"""Recompute and swap on the research Llama (tiny and ~100M): memory held for backward, step time and
-extra forward FLOPs for none / select / full recompute and swap, in PyNative and under ms.jit.
+"""Recompute and swap on Llama (mindformers_core.models; research/llama YAMLs, tiny and ~100M): memory
+held for backward, step time and extra forward FLOPs for none / select / full recompute and swap, in
+PyNative and under ms.jit.
 
 Per model, one process measures memory (PyNative) and one process per mode measures time:
 
@@ -107,7 +108,7 @@ def _setup(spec):
     import yaml
     import mindspore as ms
     from mindspore import Tensor
-    from research.llama.llama import LlamaConfig
+    from mindformers_core.models.llama import LlamaConfig
 
     if spec.get("threads"):
         ms.device_context.cpu.op_tuning.threads_num(spec["threads"])
@@ -124,7 +125,7 @@ def _setup(spec):
 def _build(cfg, name):
     import mindspore as ms
     from mindformers_core.recompute import apply_recompute, apply_swap
-    from research.llama.llama import LlamaForCausalLM
+    from mindformers_core.models.llama import LlamaForCausalLM
 
     ms.set_seed(0)
     model = LlamaForCausalLM(cfg)
@@ -279,7 +280,7 @@ def main():
         return
 
     import yaml
-    from research.llama.llama import LlamaConfig
+    from mindformers_core.models.llama import LlamaConfig
 
     rows = []
     for model in args.models:

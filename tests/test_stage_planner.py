@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from mindformers_core.pipeline.planner import (LayerCost, StagePlan, auto_stage_plan, plan_stages,
+from mindformers_core.training.stage_planning import auto_stage_plan
+from mindformers_core.pipeline.planner import (LayerCost, StagePlan, plan_stages,
                                                report, stage_times_from_trace)
 from mindformers_core.common.placement import stage_layer_ranges
 
@@ -110,7 +111,7 @@ def test_offsets_and_ranges_round_trip_with_stage_split(num_layers, pp_size, vpp
     again = StagePlan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert [list(r) for r in again.stages] == expected and again.stage_times == plan.stage_times
     if vpp == 1:   # research/llama reads the offset form
-        from research.llama.llama import LlamaConfig
+        from mindformers_core.models.llama import LlamaConfig
         cfg = LlamaConfig(num_layers=num_layers, hidden_size=32, num_attention_heads=4, vocab_size=64, seq_length=8,
                           pipeline_model_parallel_size=pp_size, offset=plan.to_offsets())
         assert cfg.layers_per_stage() == plan.counts

@@ -16,7 +16,8 @@ import yaml
 import run_mindformer
 from mindformers_core.training import ConfigError, load_config
 from mindformers_core.training import trainer as trainer_module
-from mindformers_core.training.trainer import Trainer, data_files
+from mindformers_core.training.preflight import data_files
+from mindformers_core.training.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "llama_tiny.yaml")
@@ -180,7 +181,7 @@ def test_eval_callback_loss_equals_the_checkpoint_on_the_held_out_batches(tiny, 
     order) under the weights of step 2; training itself is unchanged."""
     from mindspore import Tensor
     from mindformers_core.data.dataset import PackedDataset
-    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers_core.models.llama import LlamaConfig, LlamaForCausalLM
     out = tmp_path / "eval"
     argv = args(tiny, out, "--train_dataset.dataset_dir", tiny["data_dir"], "--eval_dataset.dataset_dir",
                 tiny["corpus"], "--eval_dataset.eval_steps", 2, "--runner_config.max_steps", 2,
@@ -209,7 +210,7 @@ def test_predict_is_greedy_deterministic_and_matches_the_logits(tiny, uninterrup
     """run_mode predict prints prompt + greedy continuation; the tokenizer comes from the checkpoint;
     the first new token is the argmax of an unparallelized model's logits for the loaded weights."""
     from mindspore import Tensor
-    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers_core.models.llama import LlamaConfig, LlamaForCausalLM
     prompt = "Return the"
     argv = args(tiny, tmp_path / "p", "--run_mode", "predict", "--load_checkpoint",
                 uninterrupted / "checkpoint" / f"step_{STEPS}", "--train_dataset.tokenizer_file", "",

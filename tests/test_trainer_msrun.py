@@ -149,7 +149,7 @@ def test_dp2_tp2_weights_load_on_one_process(runs, tiny, tmp_path):
     from mindspore import Tensor
     from mindformers_core.data.dataset import PackedDataset
     from mindformers_core.data.tokenizer import LlamaTokenizer
-    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers_core.models.llama import LlamaConfig, LlamaForCausalLM
     [loaded] = losses(runs["p1_weights"])
     cfg = config_of(runs["weights_argv"])
     model = LlamaForCausalLM(LlamaConfig.from_model_config(cfg.model.model_config))

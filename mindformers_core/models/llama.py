@@ -4,13 +4,16 @@ Model code only: ``LlamaForCausalLM`` is a ``GPTModel`` with Llama's choices, an
 is a ``TransformerConfig`` that also reads MindFormers' ``model.model_config`` keys
 (``num_heads``, ``n_kv_heads``, ``rms_norm_eps``, ``rope_theta``, ``hidden_act``, ...).
 Parallelism is applied from outside by the sharding pass, from the parallel sizes in the config.
+Registered as ``model.arch.type: LlamaForCausalLM`` (``mindformers_core.models.registry``); its
+YAMLs and the Hugging Face weight converter stay in ``research/llama/``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from mindformers_core.transformer import GPTModel, TransformerConfig, TransformerLayer
+from ..transformer import GPTModel, TransformerConfig, TransformerLayer
+from .registry import register_model
 
 # MindFormers model_config key -> TransformerConfig field (same value)
 _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "ffn_hidden_size",
@@ -99,6 +102,7 @@ class LlamaConfig(TransformerConfig):
         return counts
 
 
+@register_model("LlamaForCausalLM", config_class=LlamaConfig)
 class LlamaForCausalLM(GPTModel):
     """``construct(input_ids, labels=None)`` -> loss (labels given) or logits (b, s, vocab)."""
 

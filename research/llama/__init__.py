@@ -1,1 +1,1 @@
-"""Llama written with mindformers_core.transformer (model code only)."""
+"""Llama's YAMLs and Hugging Face weight converter; the model is mindformers_core.models.llama."""

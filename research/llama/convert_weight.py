@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from mindformers_core.training import read_yaml
-    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers_core.models.llama import LlamaConfig, LlamaForCausalLM
     model_config = read_yaml(args.config)["model"]["model_config"]
     model = LlamaForCausalLM(LlamaConfig.from_model_config(model_config))
     if args.direction == "hf2ms":

@@ -1,0 +1,134 @@
+"""The model registry: ``model.arch.type`` in a YAML -> a model class and its config class.
+
+Built-in families (``mindformers_core.models.llama``) register when ``mindformers_core.models`` is
+imported; user models register themselves with ``@register_model`` in a directory of their own,
+loaded by ``--register_path DIR`` (``import_register_path``), as in MindFormers.
+
+A registered config class has ``from_model_config(model_config, parallel_config=None,
+pipeline_interleave=1)`` returning a ``TransformerConfig``; a registered model class is built as
+``model_class(config, pp_rank=0, vp_stage=None, layers_per_stage=None)``. This module is pure
+Python (no MindSpore import).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+__all__ = ["ModelSpec", "register_model", "get_model_spec", "registered_models", "import_register_path"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model: its ``model.arch.type`` name, model class and config class."""
+    name: str
+    model_class: type
+    config_class: type
+
+
+_REGISTRY: Dict[str, ModelSpec] = {}
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _same_definition(a: type, b: type) -> bool:
+    """The same class, or the same definition executed again (a module re-imported or reloaded)."""
+    return a is b or _qualified(a) == _qualified(b)
+
+
+def register_model(name: Optional[str] = None, *, config_class: type):
+    """Class decorator: register the model class under ``name`` (default: the class's ``__name__``)
+    with its ``config_class``. Registering the same class again is a no-op; registering another
+    class under a taken name raises ``ValueError`` naming both."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"register_model: name must be a non-empty string or None, got {name!r}")
+    if not isinstance(config_class, type):
+        raise ValueError(f"register_model: config_class must be a class, got {config_class!r}")
+
+    def decorate(model_class: type) -> type:
+        if not isinstance(model_class, type):
+            raise ValueError(f"register_model: decorates a class, got {model_class!r}")
+        key = name or model_class.__name__
+        existing = _REGISTRY.get(key)
+        if existing is not None and not _same_definition(existing.model_class, model_class):
+            raise ValueError(f"register_model: the name {key!r} is already registered to "
+                             f"{_qualified(existing.model_class)}; cannot register {_qualified(model_class)} "
+                             f"under it (pick another name: @register_model('MyName', config_class=...))")
+        _REGISTRY[key] = ModelSpec(key, model_class, config_class)
+        return model_class
+
+    return decorate
+
+
+def registered_models() -> List[str]:
+    """The registered names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The ``ModelSpec`` registered under ``name``; ``ValueError`` (with the registered names) if none."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        raise ValueError(f"model.arch.type = {name!r} is not a registered model; registered: "
+                         f"{registered_models()}. User models register with @register_model "
+                         f"(from mindformers_core.models import register_model) and are loaded with "
+                         f"--register_path DIR (the directory of their code)")
+    return spec
+
+
+def _fail(path: str, reason: str):
+    raise ValueError(f"--register_path {path!r}: {reason}")
+
+
+def _import(path: str, directory: str, module_name: str):
+    """Import ``module_name`` from ``directory`` (already on sys.path); reuse it when already imported
+    from there, refuse when that name is another module's."""
+    expected = os.path.realpath(os.path.join(directory, module_name))
+    loaded = sys.modules.get(module_name)
+    if loaded is None:
+        try:
+            loaded = importlib.import_module(module_name)
+        except Exception as e:   # noqa: BLE001 -- any failure of user code becomes one clear error
+            _fail(path, f"importing {module_name!r} from {directory} failed: {type(e).__name__}: {e}")
+    origin = os.path.realpath(getattr(loaded, "__file__", None) or "")
+    if origin not in (expected + ".py", os.path.join(expected, "__init__.py")):
+        _fail(path, f"the module name {module_name!r} is already taken by {origin or loaded!r}; rename the "
+                    f"package or module in the register path")
+
+
+def import_register_path(path: str) -> List[str]:
+    """MindFormers' ``--register_path``: import a directory of user model code so that its
+    ``@register_model`` decorators run; returns the module names imported.
+
+    A directory with ``__init__.py`` is imported as a package named by its basename (its parent goes
+    on ``sys.path``); otherwise the directory goes on ``sys.path`` and each top-level ``*.py`` in it
+    is imported, in sorted order. Importing the same path again changes nothing. ``ValueError``
+    (naming ``--register_path``, the path and the reason) when the path is not a directory or an
+    import fails."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        _fail(str(path), "expected the path of a directory of model code")
+    path = os.fspath(path)
+    directory = os.path.abspath(path)
+    if not os.path.isdir(directory):
+        _fail(path, "not a directory" if os.path.exists(directory) else "no such directory")
+    if os.path.isfile(os.path.join(directory, "__init__.py")):
+        search_dir, names = os.path.dirname(directory), [os.path.basename(directory)]
+    else:
+        search_dir = directory
+        names = sorted(f[:-3] for f in os.listdir(directory)
+                       if f.endswith(".py") and os.path.isfile(os.path.join(directory, f)))
+        if not names:
+            _fail(path, "no __init__.py and no top-level *.py modules to import")
+    for name in names:
+        if not name.isidentifier():
+            _fail(path, f"{name!r} is not a valid Python module name")
+    if search_dir not in sys.path:
+        sys.path.insert(0, search_dir)
+    importlib.invalidate_caches()
+    for name in names:
+        _import(path, search_dir, name)
+    return names
