@@ -2,6 +2,7 @@
 determinism, training in PyNative and under ms.jit, pipeline-stage building, shard()
 declarations, the no-communication promise, and Llama weight conversion."""
 import ast
+import glob
 import inspect
 import math
 import os
@@ -327,17 +328,18 @@ def test_shard_declarations(sp):
 
 
 # ---- model-code rules ----------------------------------------------------------------------------
-MODEL_FILES = sorted(
-    [os.path.join(ROOT, "mindformers_core", "transformer", f)
-     for f in os.listdir(os.path.join(ROOT, "mindformers_core", "transformer")) if f.endswith(".py")]
-    + [os.path.join(ROOT, "research", "llama", f) for f in os.listdir(os.path.join(ROOT, "research", "llama"))
-       if f.endswith(".py") and f != "convert_weight.py"])
+MODEL_FILES = sorted(   # the transformer layers, the built-in models and every research model (not converters)
+    glob.glob(os.path.join(ROOT, "mindformers_core", "transformer", "*.py"))
+    + glob.glob(os.path.join(ROOT, "mindformers_core", "models", "*.py"))
+    + [f for f in glob.glob(os.path.join(ROOT, "research", "*", "*.py")) if os.path.basename(f) != "convert_weight.py"])
 FORBIDDEN = re.compile(r"\bcomm\b|collective|get_rank|get_group_size|all_?reduce|all_?gather|reduce_?scatter|"
                        r"mindspore\.communication|\bdistributed\b|\bsend\b|\brecv\b", re.IGNORECASE)
 
 
 def test_model_code_has_no_communication():
     assert len(MODEL_FILES) >= 10
+    names = {os.path.relpath(f, ROOT) for f in MODEL_FILES}
+    assert {"mindformers_core/models/llama.py", "research/gpt_ln/gpt_ln.py"} <= names, sorted(names)
     hits = []
     for path in MODEL_FILES:
         for no, line in enumerate(open(path, encoding="utf-8"), 1):
@@ -392,7 +394,7 @@ def test_construct_uses_only_traceable_ops():
 
 def test_llama_yaml_configs_build():
     from mindformers_core.training import load_config
-    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers_core.models.llama import LlamaConfig, LlamaForCausalLM
     for name, n_params in (("llama_tiny.yaml", 262_720), ("llama_100m.yaml", None)):
         c = load_config(os.path.join(ROOT, "research", "llama", name))
         cfg = LlamaConfig.from_model_config(c.model.model_config.to_dict(), c.parallel_config.to_dict())
@@ -412,7 +414,7 @@ def test_llama_yaml_configs_build():
 
 def test_convert_weight_round_trip(tmp_path):
     from research.llama import convert_weight as cw
-    from research.llama.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers_core.models.llama import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, vocab_size=V,
                       seq_length=S, ffn_hidden_size=48)
     ms.set_seed(21)
