@@ -66,6 +66,10 @@ _PUBLIC = {
     "StageInfo": "mindformers_core.pipeline",
     "build_schedule": "mindformers_core.pipeline",
     "simulate": "mindformers_core.pipeline",
+    # models
+    "LlamaConfig": "mindformers_core.models",
+    "LlamaForCausalLM": "mindformers_core.models",
+    "register_model": "mindformers_core.models",
     # training
     "ConfigError": "mindformers_core.training",
     "Trainer": "mindformers_core.training",

@@ -180,6 +180,9 @@ PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, li
     "dp4_hsdp_level3": (0, HSDP + ["--use_parallel", "True", "--parallel_config.data_parallel", 4,
                                    "--runner_config.batch_size", 1, "--hsdp.optimizer_level", "level3"]
                         + NO_CHECKPOINTS),
+    # pipeline fastest: each pipeline pair is neighbouring ranks, a stage's tp group is ranks {0, 2} / {1, 3}
+    "pp2_tp2_rank_order_pp_tp_dp": (1, PP2 + ["--parallel_config.model_parallel", 2, "--runner_config.batch_size", 2,
+                                             "--parallel_config.rank_order", "pp-tp-dp"] + NO_CHECKPOINTS),
     "pp2_tp2_interleaved_accumulate2": (0, PP2 + VIRTUAL + [
         "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 1,
         "--runner_config.gradient_accumulation_steps", 2,
