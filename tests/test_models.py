@@ -29,6 +29,7 @@ B = 2
 def fresh_registry(monkeypatch):
     """A copy of the registry for the test: what it registers is gone afterwards."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_MODEL_TYPES", dict(registry._MODEL_TYPES))
 
 
 @pytest.fixture
@@ -123,6 +124,23 @@ def test_unknown_name_error_says_how_to_register():
     assert not isinstance(err.value, KeyError)
     assert "'NoSuchModel'" in msg and "LlamaForCausalLM" in msg
     assert "@register_model" in msg and "--register_path" in msg
+
+
+def test_resolve_by_class_name_architectures_or_model_type(fresh_registry):
+    from mindformers_core.models import LlamaConfig, resolve_model
+
+    @register_model("TinyFamilyForCausalLM", config_class=LlamaConfig, model_type="tiny_family")
+    class TinyFamilyForCausalLM:
+        pass
+    assert resolve_model("TinyFamilyForCausalLM").model_class is TinyFamilyForCausalLM
+    assert resolve_model(None, ["Unknown", "TinyFamilyForCausalLM"]).name == "TinyFamilyForCausalLM"
+    assert resolve_model(model_type="tiny_family").model_class is TinyFamilyForCausalLM
+    assert resolve_model(model_type="llama").name == "LlamaForCausalLM"
+    assert resolve_model("LlamaForCausalLM", model_type="tiny_family").name == "LlamaForCausalLM"  # class first
+    with pytest.raises(ValueError, match=r"'model_type': 'gpt9'.*registered: \[.*'LlamaForCausalLM'.*llama"):
+        resolve_model(model_type="gpt9")
+    with pytest.raises(ValueError, match="model_type 'llama' already names 'LlamaForCausalLM'"):
+        register_model("OtherLlama", config_class=LlamaConfig, model_type="llama")(type("OtherLlama", (), {}))
 
 
 # ---- --register_path ---------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ class LlamaConfig(TransformerConfig):
         return counts
 
 
-@register_model("LlamaForCausalLM", config_class=LlamaConfig)
+@register_model("LlamaForCausalLM", config_class=LlamaConfig, model_type="llama")
 class LlamaForCausalLM(GPTModel):
     """``construct(input_ids, labels=None)`` -> loss (labels given) or logits (b, s, vocab)."""
 

@@ -15,9 +15,10 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-__all__ = ["ModelSpec", "register_model", "get_model_spec", "registered_models", "import_register_path"]
+__all__ = ["ModelSpec", "register_model", "get_model_spec", "registered_models", "resolve_model",
+           "import_register_path"]
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,11 @@ class ModelSpec:
     name: str
     model_class: type
     config_class: type
+    model_type: Optional[str] = None     # Hugging Face / MindFormers' family name, e.g. "llama"
 
 
 _REGISTRY: Dict[str, ModelSpec] = {}
+_MODEL_TYPES: Dict[str, str] = {}       # model_type -> registered name
 
 
 def _qualified(cls: type) -> str:
@@ -40,10 +43,11 @@ def _same_definition(a: type, b: type) -> bool:
     return a is b or _qualified(a) == _qualified(b)
 
 
-def register_model(name: Optional[str] = None, *, config_class: type):
+def register_model(name: Optional[str] = None, *, config_class: type, model_type: Optional[str] = None):
     """Class decorator: register the model class under ``name`` (default: the class's ``__name__``)
     with its ``config_class``. Registering the same class again is a no-op; registering another
-    class under a taken name raises ``ValueError`` naming both."""
+    class under a taken name raises ``ValueError`` naming both. ``model_type`` (e.g. ``"llama"``) is
+    the family name configs written in the Hugging Face style give instead of a class name."""
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"register_model: name must be a non-empty string or None, got {name!r}")
     if not isinstance(config_class, type):
@@ -58,7 +62,12 @@ def register_model(name: Optional[str] = None, *, config_class: type):
             raise ValueError(f"register_model: the name {key!r} is already registered to "
                              f"{_qualified(existing.model_class)}; cannot register {_qualified(model_class)} "
                              f"under it (pick another name: @register_model('MyName', config_class=...))")
-        _REGISTRY[key] = ModelSpec(key, model_class, config_class)
+        if model_type is not None and _MODEL_TYPES.get(model_type, key) != key:
+            raise ValueError(f"register_model: model_type {model_type!r} already names "
+                             f"{_MODEL_TYPES[model_type]!r}; cannot give it to {key!r}")
+        _REGISTRY[key] = ModelSpec(key, model_class, config_class, model_type)
+        if model_type is not None:
+            _MODEL_TYPES[model_type] = key
         return model_class
 
     return decorate
@@ -78,6 +87,23 @@ def get_model_spec(name: str) -> ModelSpec:
                          f"(from mindformers_core.models import register_model) and are loaded with "
                          f"--register_path DIR (the directory of their code)")
     return spec
+
+
+def resolve_model(arch_type: Optional[str] = None, architectures: Sequence[str] = (),
+                  model_type: Optional[str] = None) -> ModelSpec:
+    """The model a config names, in MindFormers' order of precedence: the class name
+    (``model.arch.type``), else the first registered of ``architectures`` (Hugging Face style), else
+    the family ``model_type``. ``ValueError`` naming what was given and what is registered."""
+    for name in ([arch_type] if arch_type else []) + list(architectures or []):
+        if name in _REGISTRY:
+            return _REGISTRY[name]
+    if model_type in _MODEL_TYPES:
+        return _REGISTRY[_MODEL_TYPES[model_type]]
+    given = {k: v for k, v in (("arch.type", arch_type), ("architectures", list(architectures or [])),
+                               ("model_type", model_type)) if v}
+    raise ValueError(f"model {given or 'type'}: no registered model; registered: {registered_models()} "
+                     f"(model types {sorted(_MODEL_TYPES)}). User models register with @register_model and "
+                     f"are loaded with --register_path DIR")
 
 
 def _fail(path: str, reason: str):
