@@ -93,7 +93,7 @@ def uninterrupted(tiny, tmp_path_factory):
 def test_resume_is_exact_and_restores_every_state(tiny, uninterrupted, tmp_path):
     """2 steps, stop, resume for 2: the losses/lrs/grad norms equal the uninterrupted run's, and so do
     the final weights, moments and data position. keep_checkpoint_max 2 keeps only the newest two; a
-    fresh run in a used output_dir starts a new loss log."""
+    fresh run in a used output_dir is refused, and with overwrite_output_dir starts a new loss log."""
     ref = records(uninterrupted)
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1)) and ref[-1]["loss"] < ref[0]["loss"]
     assert steps_in(uninterrupted) == [2, 4]
@@ -103,7 +103,9 @@ def test_resume_is_exact_and_restores_every_state(tiny, uninterrupted, tmp_path)
     every1 = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
                              "keep_checkpoint_max: 2}]"]
     half = STEPS // 2
-    assert run_mindformer.main(args(tiny, out, *every1, "--runner_config.max_steps", half)) == 0
+    assert run_mindformer.main(args(tiny, out, *every1, "--runner_config.max_steps", half)) == 2   # not silently
+    assert run_mindformer.main(args(tiny, out, *every1, "--runner_config.max_steps", half,
+                                    "--overwrite_output_dir", "True")) == 0
     assert [r["step"] for r in records(out)] == list(range(1, half + 1))
 
     trainer = Trainer(config_of(args(tiny, out, *every1, "--resume_training", "True")))

@@ -7,7 +7,8 @@
       step_<k>/                            appears only once every rank's files are in it
         metadata.json                      written last by rank 0: format, step, world_size, files
         rank_<r>.safetensors               the shards rank r writes (MindSpore's safetensors writer)
-        rank_<r>.json                      per tensor: global shape, dtype, layout, global slice
+        rank_<r>.json                      per tensor: global shape, dtype, layout, global slice;
+                                           the sha256 of rank_<r>.safetensors (checked at load)
       step_<k>.tmp/                        staging directory while a save is in progress
 
 Every file is written to a temporary name in its final directory and moved into place with
@@ -17,9 +18,11 @@ checkpoint as ``latest`` and no partial ``step_<k>``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 from types import SimpleNamespace
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -102,6 +105,41 @@ def read_json(path: str) -> Tuple[Optional[dict], Optional[Problem]]:
     if not isinstance(data, dict):
         return None, Problem("corrupt JSON", file=name, expected="a JSON object", found=type(data).__name__)
     return data, None
+
+
+def file_sha256(path: str) -> str:
+    """Hex SHA-256 of a file's bytes (read in 8 MB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+_LEFTOVER = re.compile(r"^(step_\d+\.tmp|step_\d+\.old-\d+|.*\.tmp-\d+)$")
+
+
+def remove_leftovers(directory: str) -> List[str]:
+    """Delete what interrupted saves left behind in a checkpoint directory: staging directories
+    (``step_<k>.tmp``), steps moved aside by a re-save (``step_<k>.old-<pid>``) and half-written
+    files (``*.tmp-<pid>``). Call it only while no save is in progress (rank 0, at start or after a
+    save). Returns the names removed."""
+    if not os.path.isdir(directory):
+        return []
+    removed = []
+    for name in sorted(os.listdir(directory)):
+        if not _LEFTOVER.match(name):
+            continue
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except OSError:
+                continue
+        removed.append(name)
+    return removed
 
 
 # ---- tracker and steps ------------------------------------------------------------------------

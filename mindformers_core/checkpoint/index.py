@@ -52,6 +52,7 @@ class TensorIndex:
     entries: Dict[str, Entry] = field(default_factory=dict)
     problems: List[Problem] = field(default_factory=list)
     rank_meta: Dict[int, dict] = field(default_factory=dict)     # rank -> its JSON (states included)
+    checksums: Dict[str, str] = field(default_factory=dict)      # safetensors path -> recorded sha256
     meta: dict = field(default_factory=dict)                     # the step's metadata.json
 
     def names(self, kind: str) -> List[str]:
@@ -112,6 +113,8 @@ def index_rank_files(directory: str, world_size: int, where: str) -> TensorIndex
             continue
         index.rank_meta[r] = meta
         data_path = os.path.join(directory, stem + ".safetensors")
+        if isinstance(meta.get("sha256"), str):      # (checkpoints written before checksums have none)
+            index.checksums[data_path] = meta["sha256"]
         for key, raw in meta["tensors"].items():
             rec, problem = _parse_record(key, raw, json_name)
             if problem:

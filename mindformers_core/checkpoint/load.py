@@ -2,19 +2,20 @@
 
 The targets say what the loading job needs (global shape and layout per parameter); the files
 say what was saved. Nothing is returned unless every requested tensor validates: names (with
-closest-name hints), global shapes, dtypes, shard coverage and file headers.
+closest-name hints), global shapes, dtypes, shard coverage, file headers and the SHA-256 of every
+file read.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from . import format as fmt
-from .errors import CheckpointError, Problem
-from .index import TensorIndex, index_rank_files
+from .errors import CheckpointError, Problem, raise_if
+from .index import TensorIndex, check_complete, check_headers, index_rank_files
 from .reshard import TensorSpec, execute, normalize_targets, plan_load
 
 Step = Union[int, str]
@@ -42,6 +43,62 @@ def open_checkpoint(directory: str, step: Step = "latest") -> TensorIndex:
     return index
 
 
+_VERIFIED: Dict[Tuple[str, int, int], str] = {}    # (path, size, mtime_ns) -> sha256 already computed
+
+
+def checksum_problems(index: TensorIndex, paths) -> List[Problem]:
+    """A problem for each file among ``paths`` whose bytes do not match the SHA-256 its rank
+    recorded at save (flipped bits, truncation, a file from another save)."""
+    problems = []
+    for path in sorted(set(paths)):
+        expected = index.checksums.get(path)
+        if expected is None:
+            continue
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            problems.append(Problem("shard file is unreadable", file=os.path.basename(path), found=str(e)))
+            continue
+        key = (path, st.st_size, st.st_mtime_ns)
+        found = _VERIFIED.get(key) or fmt.file_sha256(path)
+        if found != expected:
+            problems.append(Problem("shard file is corrupt (its SHA-256 differs from the one recorded at save)",
+                                    file=os.path.basename(path), expected=expected[:16] + "...",
+                                    found=found[:16] + "..."))
+        else:
+            _VERIFIED[key] = found
+    return problems
+
+
+def _execute_verified(index: TensorIndex, plan) -> Dict[str, np.ndarray]:
+    raise_if(plan.where, checksum_problems(index, (r.shard.path for reads in plan.reads.values() for r in reads)))
+    return execute(plan)
+
+
+def verify_step(directory: str, step: Step = "latest") -> List[Problem]:
+    """Every problem of a published step: metadata, rank files, tiling of every tensor, headers
+    and checksums of all its files (reads every byte once). Empty = intact."""
+    try:
+        index = open_checkpoint(directory, step)
+    except CheckpointError as e:
+        return list(e.problems)
+    problems = list(index.problems)
+    if not problems:
+        problems += check_complete(index)
+        shards = [s for e in index.entries.values() for s in e.shards]
+        problems += check_headers(index, shards)
+        problems += checksum_problems(index, index.checksums)
+    return problems
+
+
+def newest_intact_step(directory: str, below: Optional[int] = None) -> Optional[int]:
+    """The newest published step (older than ``below`` if given) that :func:`verify_step` passes."""
+    for step in reversed(fmt.list_steps(directory)):
+        if (below is None or step < below) and not verify_step(directory, step):
+            return step
+    return None
+
+
 def load_checkpoint(directory: str, targets: Mapping[str, object], rank: int = 0, *,
                     step: Step = "latest", strict: bool = True) -> Dict[str, np.ndarray]:
     """This rank's local slice of every parameter in ``targets``.
@@ -53,7 +110,7 @@ def load_checkpoint(directory: str, targets: Mapping[str, object], rank: int = 0
     """
     specs = normalize_targets(targets)
     index = open_checkpoint(directory, step)
-    return execute(plan_load(index, specs, rank, pool=index.names("param"), strict=strict))
+    return _execute_verified(index, plan_load(index, specs, rank, pool=index.names("param"), strict=strict))
 
 
 def load_optimizer_state(directory: str, targets: Mapping[str, object], rank: int = 0, *,
@@ -65,7 +122,7 @@ def load_optimizer_state(directory: str, targets: Mapping[str, object], rank: in
     index = open_checkpoint(directory, step)
     pool = index.names("optimizer")
     wanted = {k: specs[index.entries[k].param] for k in pool if index.entries[k].param in specs}
-    flat = execute(plan_load(index, wanted, rank, pool=pool, strict=strict))
+    flat = _execute_verified(index, plan_load(index, wanted, rank, pool=pool, strict=strict))
     out: Dict[str, Dict[str, np.ndarray]] = {}
     for key, arr in flat.items():
         e = index.entries[key]

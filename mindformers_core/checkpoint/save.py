@@ -107,13 +107,15 @@ def write_shards(directory: str, step: int, params: Mapping[str, Array],
                  layouts: Optional[Mapping[str, Optional[Layout]]] = None, *,
                  optimizer_state: Optional[Mapping[str, Mapping[str, Array]]] = None,
                  data_state: Optional[dict] = None, trainer_state: Optional[dict] = None,
-                 rank: int = 0, world_size: int = 1) -> str:
+                 rank: int = 0, world_size: int = 1, require_finite: bool = True) -> str:
     """Phase 1 of a save, on one rank: write this rank's files into the staging directory.
 
     ``params``: name -> this rank's local shard; ``layouts``: name -> Layout (None or absent =
     full tensor on every rank). ``optimizer_state``: state name -> {param name -> local moment},
     each stored with its parameter's layout. ``data_state`` (this rank's data iterator) and
-    ``trainer_state`` (step, seed, lr step...) must be JSON-serializable. Returns the staging dir.
+    ``trainer_state`` (step, seed, lr step...) must be JSON-serializable. ``require_finite``: a
+    floating-point tensor holding NaN or inf fails the save (nothing is published). The file's
+    SHA-256 goes into the rank's JSON. Returns the staging dir.
     """
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise ValueError(f"save_checkpoint: step={step!r} must be a non-negative int")
@@ -155,6 +157,12 @@ def write_shards(directory: str, step: int, params: Mapping[str, Array],
             tensors[key] = {"kind": "optimizer", "param": pname, "state": state, **record}
             if mine:
                 data[key] = arr
+    if require_finite:
+        bad = [k for k, arr in data.items() if arr.dtype.kind == "f" and not np.isfinite(arr).all()]
+        if bad:
+            raise ValueError(f"save_checkpoint: step {step} holds non-finite values (NaN/inf) in {len(bad)} "
+                             f"tensor(s) on rank {rank}, e.g. {bad[:3]}; refusing to publish it (the previous "
+                             f"checkpoint stays latest)")
     meta = {"format": fmt.FORMAT, "version": fmt.VERSION, "step": int(step), "rank": rank,
             "world_size": world_size, "tensors": tensors,
             "data_state": _json_state(data_state, "data_state"),
@@ -164,6 +172,7 @@ def write_shards(directory: str, step: int, params: Mapping[str, Array],
     os.makedirs(stage, exist_ok=True)
     stem = os.path.join(stage, fmt.rank_stem(rank))
     write_safetensors(stem + ".safetensors", data)
+    meta["sha256"] = fmt.file_sha256(stem + ".safetensors")
     fmt.write_json_atomic(stem + ".json", meta)          # JSON after data: its presence means "done"
     if os.path.exists(stem + ".failed"):
         os.remove(stem + ".failed")

@@ -252,9 +252,9 @@ class HSDPCell(nn.Cell):
     # ---- the training step ------------------------------------------------------------------
     def train_step(self, loss_fn: Callable, optimizer, mode: str = "pynative",
                    max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
-                   norm_weights: Optional[Sequence[float]] = None) -> "TrainStep":
+                   norm_weights: Optional[Sequence[float]] = None, step_guard=None) -> "TrainStep":
         """A callable ``step(*batch) -> loss`` doing one micro-step (see ``TrainStep``)."""
-        return TrainStep(self, loss_fn, optimizer, mode, max_grad_norm, norm_groups, norm_weights)
+        return TrainStep(self, loss_fn, optimizer, mode, max_grad_norm, norm_groups, norm_weights, step_guard)
 
 
 def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm: Optional[float],
@@ -290,12 +290,14 @@ class TrainStep:
     reduce/clip/update step are compiled. ``max_grad_norm`` clips by the global norm: sharded gradient
     pieces count once, pieces replicated over the shard group ``1/shard_size`` times each;
     ``norm_groups`` (e.g. tensor- and pipeline-parallel groups) and ``norm_weights`` (per
-    parameter, e.g. ``optim.replication_weights``) extend it to model parallelism.
+    parameter, e.g. ``optim.replication_weights``) extend it to model parallelism. ``step_guard``
+    (``optim.StepGuard``, needs ``max_grad_norm``: the norm it reads) skips the optimizer step of a
+    bad norm on every rank.
     """
 
     def __init__(self, wrapped: HSDPCell, loss_fn: Callable, optimizer, mode: str = "pynative",
                  max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
-                 norm_weights: Optional[Sequence[float]] = None):
+                 norm_weights: Optional[Sequence[float]] = None, step_guard=None):
         if mode not in ("pynative", "jit"):
             raise ValueError(f"train_step: mode={mode!r}; valid modes are 'pynative' and 'jit'")
         self.wrapped, self.mode = wrapped, mode
@@ -320,6 +322,10 @@ class TrainStep:
         if self.units is not None and mode == "jit":
             self.units.make_islands()
         self.clipper = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
+        if step_guard is not None and step_guard.enabled and self.clipper is None:
+            raise ValueError("train_step: step_guard reads the global gradient norm; give max_grad_norm "
+                             "(math.inf computes the norm without clipping)")
+        self.guard = step_guard if step_guard is not None and step_guard.enabled else None
         self.accumulate = self.drain = None
         if k > 1:
             bufs, loss_buf = accumulation_buffers(plans, self.params, wrapped._tag)
@@ -332,6 +338,7 @@ class TrainStep:
         clipper, accumulate, drain = self.clipper, self.accumulate, self.drain
         accumulating, clipping = drain is not None, clipper is not None
         mp_reducer, sharded_model, loss_scale = self.model_parallel_reducer, self.sharded_model, self.loss_scale
+        guard = self.guard
 
         def reduce_and_update(grads, loss):
             if accumulating:
@@ -344,7 +351,7 @@ class TrainStep:
             norm = loss
             if clipping:
                 grads, norm = clipper(grads)
-            shards = updater(grads)
+            shards = updater(grads, guard(norm) if guard is not None else None)
             return loss, shards, norm
 
         if self.units is not None:   # level3 per unit: the forward/backward changes parameter shapes

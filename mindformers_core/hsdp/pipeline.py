@@ -151,10 +151,11 @@ class HSDPStages(HSDPCell):
                         "wrapped.train_step(schedule, optimizer)(inputs, labels)")
 
     def train_step(self, schedule, optimizer, mode: str = "pynative", max_grad_norm: Optional[float] = None,
-                   norm_groups: Sequence = (), norm_weights: Optional[Sequence[float]] = None) -> "PipelineTrainStep":
+                   norm_groups: Sequence = (), norm_weights: Optional[Sequence[float]] = None,
+                   step_guard=None) -> "PipelineTrainStep":
         """A callable ``step(inputs=None, labels=None, config=None) -> loss`` running one schedule
         step and one optimizer step (see ``PipelineTrainStep``)."""
-        return PipelineTrainStep(self, schedule, optimizer, mode, max_grad_norm, norm_groups, norm_weights)
+        return PipelineTrainStep(self, schedule, optimizer, mode, max_grad_norm, norm_groups, norm_weights, step_guard)
 
 
 class PipelineTrainStep:
@@ -169,12 +170,13 @@ class PipelineTrainStep:
     ``norm_weights`` add tensor parallelism as for ``HSDPCell.train_step``. ``grad_norm`` holds the
     last step's norm (before clipping). ``mode="jit"`` runs the stages' compiled functions and
     compiles the reduce/clip/update step; parameters are passed to the graphs as arguments, so
-    level3's eager gather/shrink around the step is seen by them.
+    level3's eager gather/shrink around the step is seen by them. ``step_guard`` as for
+    ``HSDPCell.train_step``.
     """
 
     def __init__(self, wrapped: HSDPStages, schedule, optimizer, mode: str = "pynative",
                  max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
-                 norm_weights: Optional[Sequence[float]] = None):
+                 norm_weights: Optional[Sequence[float]] = None, step_guard=None):
         if mode not in ("pynative", "jit"):
             raise ValueError(f"train_step: mode={mode!r}; valid modes are 'pynative' and 'jit'")
         if not (hasattr(schedule, "run") and hasattr(schedule, "stages")):
@@ -220,6 +222,10 @@ class PipelineTrainStep:
         self.grad_norm = None
         self._zero_loss = Tensor(np.zeros((), np.float32))
         self.clipping = clipping = clipper is not None
+        guard = step_guard if step_guard is not None and step_guard.enabled else None
+        if guard is not None and not clipping:
+            raise ValueError("train_step: step_guard reads the global gradient norm; give max_grad_norm "
+                             "(math.inf computes the norm without clipping)")
 
         def reduce_and_update(grads, loss, *params):
             if sharded_model:
@@ -230,7 +236,7 @@ class PipelineTrainStep:
             norm = loss
             if clipping:
                 grads, norm = clipper(grads)
-            shards = updater(grads)
+            shards = updater(grads, guard(norm) if guard is not None else None)
             return loss, shards, norm
 
         self.fn = ms.jit(reduce_and_update) if mode == "jit" else reduce_and_update

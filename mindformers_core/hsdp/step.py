@@ -180,7 +180,7 @@ class ShardedUpdate(nn.Cell):
         self.s = comm.shard_size
         self.all_gather = comm.all_gather
 
-    def construct(self, grads):
+    def construct(self, grads, ok=None):
         params = self.optimizer.parameters
         values = ()
         local = ()
@@ -197,7 +197,7 @@ class ShardedUpdate(nn.Cell):
             else:
                 values = values + (params[i],)
                 local = local + (grads[i],)
-        new = self.optimizer.apply(values, local)
+        new = self.optimizer.apply(values, local, ok)
         shards = ()
         for i in range(self.n):
             if self.in_place or not self.sharded[i]:

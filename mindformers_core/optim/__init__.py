@@ -1,10 +1,11 @@
-"""The project's optimizer: AdamW (shardable states), lr schedules, global-norm clipping."""
+"""The project's optimizer: AdamW (shardable states), lr schedules, global-norm clipping, the bad-step guard."""
 from .adamw import AdamW, Optimizer, default_decay_filter
 from .clip import ClipGradNorm, GlobalNorm, clip_grad_norm, global_norm, replication_weights
+from .guard import StepGuard
 from .lr_schedule import (SCHEDULES, ConstantWarmUpLR, CosineWithWarmUpLR, LearningRateSchedule,
                           LinearWithWarmUpLR, as_schedule, build_lr_schedule)
 
 __all__ = ["AdamW", "ClipGradNorm", "ConstantWarmUpLR", "CosineWithWarmUpLR", "GlobalNorm",
-           "LearningRateSchedule", "LinearWithWarmUpLR", "Optimizer", "SCHEDULES",
+           "LearningRateSchedule", "LinearWithWarmUpLR", "Optimizer", "SCHEDULES", "StepGuard",
            "as_schedule", "build_lr_schedule", "clip_grad_norm", "default_decay_filter", "global_norm",
            "replication_weights"]

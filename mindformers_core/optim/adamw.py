@@ -34,9 +34,11 @@ class Optimizer(nn.Cell):
     """What ``hsdp`` needs from an optimizer.
 
     * ``parameters``: the ParameterTuple it updates;
-    * ``apply(values, grads)``: new values for the given parameter values (full tensors or shard
-      views, shaped like the states), updating its states in place; ``construct(grads)`` applies
-      it to ``parameters`` and assigns the results;
+    * ``apply(values, grads, ok=None)``: new values for the given parameter values (full tensors or
+      shard views, shaped like the states), updating its states in place; ``construct(grads, ok)``
+      applies it to ``parameters`` and assigns the results. ``ok`` (a bool scalar Tensor, or None =
+      always) decides inside the graph whether the step happens: when False, values, states and
+      the step counter stay as they were (a skipped step, see ``optim.clip.step_is_ok``);
     * ``state_of(i)``: the state Parameters of parameter ``i`` shaped like it (sharded by hsdp).
     """
 
@@ -50,14 +52,14 @@ class Optimizer(nn.Cell):
                 raise TypeError(f"{type(self).__name__}: params must be Parameters, got {type(p).__name__}")
         self.parameters = ParameterTuple(params)
 
-    def apply(self, values, grads):
-        raise NotImplementedError(f"{type(self).__name__} must implement apply(values, grads) (abstract base)")
+    def apply(self, values, grads, ok=None):
+        raise NotImplementedError(f"{type(self).__name__} must implement apply(values, grads, ok) (abstract base)")
 
     def state_of(self, index: int) -> Tuple[Parameter, ...]:
         raise NotImplementedError(f"{type(self).__name__} must implement state_of(index) (abstract base)")
 
-    def construct(self, grads):
-        new = self.apply(self.parameters, grads)
+    def construct(self, grads, ok=None):
+        new = self.apply(self.parameters, grads, ok)
         out = ()
         for i in range(len(self.parameters)):
             out = out + (ops.assign(self.parameters[i], new[i]),)
@@ -103,10 +105,13 @@ class AdamW(Optimizer):
         """The rate the next step will use."""
         return float(self.learning_rate.at(int(self.global_step.asnumpy())))
 
-    def apply(self, values, grads):
-        step = self.global_step + 1
+    def apply(self, values, grads, ok=None):
+        if ok is None:
+            step = self.global_step + 1
+        else:       # a skipped step leaves the counter (hence the lr position) where it was
+            step = self.global_step + ops.cast(ok, ms.int32)
+        lr = self.learning_rate(step - 1 if ok is None else self.global_step * 1)
         ops.assign(self.global_step, step)
-        lr = self.learning_rate(step - 1)
         t = ops.cast(step, ms.float32)
         if self.bias_correction:
             c1 = 1.0 - ops.pow(self.beta1, t)
@@ -117,16 +122,20 @@ class AdamW(Optimizer):
         out = ()
         for i in range(len(self.parameters)):
             out = out + (self._update(values[i], grads[i], self.moment1[i], self.moment2[i],
-                                      self.decay[i], lr, c1, c2),)
+                                      self.decay[i], lr, c1, c2, ok),)
         return out
 
-    def _update(self, p, g, m, v, decay, lr, c1, c2):
+    def _update(self, p, g, m, v, decay, lr, c1, c2, ok):
         g32 = ops.cast(g, ms.float32)
         p32 = ops.cast(p, ms.float32)
         m_new = self.beta1 * ops.cast(m, ms.float32) + (1.0 - self.beta1) * g32
         v_new = self.beta2 * ops.cast(v, ms.float32) + (1.0 - self.beta2) * g32 * g32
-        ops.assign(m, ops.cast(m_new, m.dtype))
-        ops.assign(v, ops.cast(v_new, v.dtype))
         update = (m_new / c1) / (ops.sqrt(v_new / c2) + self.eps)
         p_new = p32 - lr * (update + decay * p32)
+        if ok is not None:      # skipped: keep the old values (where() does not carry the NaNs over)
+            m_new = ops.where(ok, m_new, ops.cast(m, ms.float32))
+            v_new = ops.where(ok, v_new, ops.cast(v, ms.float32))
+            p_new = ops.where(ok, p_new, p32)
+        ops.assign(m, ops.cast(m_new, m.dtype))
+        ops.assign(v, ops.cast(v_new, v.dtype))
         return ops.cast(p_new, p.dtype)

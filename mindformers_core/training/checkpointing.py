@@ -2,7 +2,10 @@
 load resharded to this job's layout, resume, keep the newest ``keep_checkpoint_max``.
 
 Writes are atomic (``checkpoint.save_checkpoint`` publishes a step by renaming it, then moves the
-tracker); a resume with another data-parallel size re-splits the saved global data position.
+tracker) and refuse non-finite values; what interrupted saves left behind is removed when the
+trainer starts and after each prune. A corrupt step (checksums, missing files) is reported with
+the newest intact step to load instead. A resume with another data-parallel size re-splits the
+saved global data position.
 """
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ import numpy as np
 from mindspore import Tensor
 
 from ..checkpoint import (CheckpointError, list_steps, load_checkpoint, load_optimizer_state, load_training_state,
-                          save_checkpoint, shard_single_file)
-from ..checkpoint.format import read_tracker
+                          newest_intact_step, remove_leftovers, resolve_step, save_checkpoint, shard_single_file)
+from ..checkpoint.format import TRACKER, read_tracker
 from ..sharding.annotations import global_shape_of, layout_of
 from .config import ConfigError
 from .preflight import resolve_checkpoint
@@ -31,6 +34,21 @@ def set_parameter(param, value: np.ndarray) -> None:
     param.set_data(Tensor(value.astype(ms.dtype_to_nptype(param.dtype), copy=False)))
 
 
+def _intact_hint(root: str, step, resume: bool) -> str:
+    """Where to go when a step cannot be loaded: the newest older step that verifies."""
+    if root == "file":
+        return ""
+    try:
+        number = resolve_step(root, step)
+    except (CheckpointError, ValueError):
+        number = None
+    intact = newest_intact_step(root, below=number)
+    if intact is None:
+        return f"\n  no older intact step in {root}"
+    flag = f"--resume_training step_{intact}" if resume else f"--load_checkpoint {os.path.join(root, f'step_{intact}')}"
+    return f"\n  step_{intact} in {root} is intact: load it with {flag}"
+
+
 class Checkpointer:
     """Checkpoints of one rank's parameters. ``optimizer``/``wrapped``/``data`` are None in predict
     mode (weights only); ``wrapped`` is the hsdp wrapper when hsdp holds shards of the state."""
@@ -41,6 +59,10 @@ class Checkpointer:
         self.directory, self.rank, self.world = directory, rank, world
         self.params, self.dp, self.dp_rank = params, dp, dp_rank
         self.optimizer, self.wrapped, self.data, self.keep, self.log = optimizer, wrapped, data, keep, log
+        if rank == 0:       # no save runs yet: what is there from an interrupted one is garbage
+            removed = remove_leftovers(directory)
+            if removed:
+                log(f"removed {len(removed)} leftover(s) of interrupted saves in {directory}: {removed[:4]}")
 
     def full_weights(self):
         """Context in which every parameter holds its full local (tensor-parallel) value: hsdp level3
@@ -66,6 +88,14 @@ class Checkpointer:
             self.prune(self.keep)
         return path
 
+    def clear(self) -> None:
+        """Remove every published step and the tracker (``overwrite_output_dir``: a fresh run)."""
+        for step in list_steps(self.directory):
+            shutil.rmtree(os.path.join(self.directory, f"step_{step}"), ignore_errors=True)
+        tracker = os.path.join(self.directory, TRACKER)
+        if os.path.exists(tracker):
+            os.remove(tracker)
+
     def prune(self, keep: int) -> None:
         """Delete all but the newest ``keep`` published steps (never the tracker's)."""
         latest = read_tracker(self.directory)
@@ -73,6 +103,7 @@ class Checkpointer:
         for step in steps[:max(len(steps) - keep, 0)]:
             if step != latest:
                 shutil.rmtree(os.path.join(self.directory, f"step_{step}"), ignore_errors=True)
+        remove_leftovers(self.directory)
 
     # ------------------------------------------------------------------ load
     def load(self, directory: str, resume: bool, step: Any = None) -> int:
@@ -103,7 +134,7 @@ class Checkpointer:
             state = load_training_state(root, step)
             opt = load_optimizer_state(root, targets, self.rank, step=step)
         except CheckpointError as e:
-            raise ConfigError([f"{where}: {e}"]) from None
+            raise ConfigError([f"{where}: {e}" + _intact_hint(root, step, resume)]) from None
         missing = [p.name for p in self.params if p.name not in opt.get("adam_m", {}) or p.name not in
                    opt.get("adam_v", {})]
         if missing:
@@ -115,8 +146,10 @@ class Checkpointer:
                 full_m, full_v = self.wrapped.shard_of(p, full_m), self.wrapped.shard_of(p, full_v)
             set_parameter(m, full_m)
             set_parameter(v, full_v)
-        trained = int((state.trainer_state or {}).get("step", state.step))
-        set_parameter(self.optimizer.global_step, np.array(trained, np.int32))
+        saved = state.trainer_state or {}
+        trained = int(saved.get("step", state.step))
+        # the optimizer's own count (hence the lr position) is lower than the loop's after skipped steps
+        set_parameter(self.optimizer.global_step, np.array(int(saved.get("optimizer_step", trained)), np.int32))
         self._restore_data(state, where)
         return trained
 

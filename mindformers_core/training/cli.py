@@ -72,4 +72,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"{PROG}: invalid configuration:\n{e}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted (SIGINT); checkpoints already published are complete, resume with "
+              "--resume_training True", file=sys.stderr, flush=True)
+        return 130
+    except Exception as e:      # noqa: BLE001 - one line for the known stop, the traceback for the rest
+        from .trainer import TrainingError
+        if not isinstance(e, TrainingError):
+            raise
+        print(f"{PROG}: training stopped: {e}", file=sys.stderr, flush=True)
+        return 1
     return 0

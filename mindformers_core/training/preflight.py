@@ -184,6 +184,8 @@ class _Checks:
                     found.files = [os.path.join(self.output_dir, "corpus.txt")]   # built by the trainer
             except ConfigError as e:
                 errors += e.errors
+        if not shape.predicting:
+            self.earlier_run()
         found.tokenizer_file = self.tokenizer_file()
         found.eval_files = self.eval_files() if not shape.predicting else None
         if shape.sharded_dp and shape.pp > 1 and shape.accumulate > 1:
@@ -196,6 +198,29 @@ class _Checks:
         if errors:
             raise ConfigError(errors)
         return found
+
+    def earlier_run(self) -> None:
+        """A fresh start must not silently replace an earlier run's loss log and checkpoints."""
+        cfg = self.cfg
+        if self.found.checkpoint_source is not None and self.found.checkpoint_source[2]:
+            return                                          # resuming: the run continues
+        if cfg.resume_training or cfg.get("overwrite_output_dir"):
+            return                                          # (resume without a checkpoint yet: warned)
+        monitor = callback(cfg, "MFLossMonitor")
+        log = os.path.abspath((monitor.get("log_file") if monitor is not None else None)
+                              or os.path.join(self.output_dir, "loss.jsonl"))
+        held = []
+        if os.path.isfile(log) and os.path.getsize(log) > 0:
+            with open(log) as f:
+                held.append(f"{log} ({sum(1 for line in f if line.strip())} logged steps)")
+        ckpt = os.path.join(self.output_dir, "checkpoint")
+        steps = list_steps(ckpt)
+        if steps:
+            held.append(f"checkpoints step_{steps[0]}..step_{steps[-1]} in {ckpt}")
+        if held:
+            self.errors.append(f"output_dir = {cfg.output_dir!r}: holds an earlier run ({'; '.join(held)}); resume it "
+                               "with --resume_training True, or start afresh with another --output_dir or with "
+                               "--overwrite_output_dir True (replaces that run's log and checkpoints)")
 
     def eval_files(self) -> Optional[List[str]]:
         """EvalCallBack's held-out data (``eval_dataset``), or None without that callback."""

@@ -33,6 +33,7 @@ TYPE_CHECKS = {
     "list[int]": lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
     "list[float]": lambda v: isinstance(v, list) and all(_is_float(x) for x in v),
     "list": lambda v: isinstance(v, list),
+    "dict": lambda v: isinstance(v, dict),
 }
 
 
@@ -69,7 +70,9 @@ PIPELINE_SCHEDULERS = tuple(BUILTIN_SCHEDULES)  # the names the runtime can buil
 SCHEMA = Section({
     "seed": F("int", 0, "Global random seed (MindSpore, NumPy, data shuffling).", min=0),
     "output_dir": F("str", "./output", "Where checkpoints, logs and the loss JSONL are written."),
-    "run_mode": F("str", "train", "What run_mindformer.py does.", choices=("train", "finetune", "predict")),
+    "overwrite_output_dir": F("bool", False, "Let a fresh (non-resumed) run replace the loss log and checkpoints "
+                                             "of an earlier run in output_dir; without it such a start is refused."),
+    "run_mode": F("str", "train", "What run_mindformer.py does.", choices=("train", "finetune", "eval", "predict")),
     "use_parallel": F("bool", False, "Run distributed (under msrun). Must be true when worker count > 1."),
     "load_checkpoint": F("str|null", None, "Checkpoint directory or file to load; empty/null = none."),
     "resume_training": F("bool|str", False, "Resume optimizer, step and data state; a string names the "
@@ -112,8 +115,11 @@ SCHEMA = Section({
     }, "Parallel features beyond the sizes."),
     "recompute_config": Section({
         "recompute": F("bool|list[int]", False, "Recompute whole layers; a list gives layers per stage."),
-        "select_recompute": F("bool|list", False, "Recompute selected ops (activations, norms)."),
-        "select_comm_recompute": F("bool|list", False, "Recompute selected communication ops."),
+        "select_recompute": F("bool|list|dict", False, "Recompute selected ops (activations, norms); a list of "
+                                                       "patterns or a mapping pattern -> bool / layers per stage."),
+        "select_comm_recompute": F("bool|list|dict", False, "Recompute selected communication ops (same forms)."),
+        "select_recompute_exclude": F("bool|list|dict", False, "Patterns excluded from select_recompute."),
+        "select_comm_recompute_exclude": F("bool|list|dict", False, "Patterns excluded from select_comm_recompute."),
         "recompute_slice_activation": F("bool", False, "Keep recomputation checkpoints sliced by mp."),
     }, "Activation recomputation."),
     "swap_config": Section({
@@ -137,7 +143,10 @@ SCHEMA = Section({
             "max_position_embeddings": F("int|null", None, "RoPE table length; null = seq_length.", min=1),
             "rms_norm_eps": F("float", 1e-5, "RMSNorm epsilon.", min=0),
             "rope_theta": F("float", 10000.0, "RoPE base.", min=0),
-            "hidden_act": F("str", "silu", "MLP activation.", choices=("silu", "gelu", "relu")),
+            "hidden_act": F("str", "silu", "MLP activation; silu and swiglu both mean the gated SwiGLU MLP.",
+                            choices=("silu", "swiglu", "gelu", "relu")),
+            "add_qkv_bias": F("bool", False, "Biases on the query/key/value projections (Qwen2.5, GLM4); "
+                                             "MindFormers' qkv_has_bias, HF attention_bias."),
             "tie_word_embeddings": F("bool", False, "Share embedding and output weights."),
             "compute_dtype": F("str", "float32", "Matmul dtype.", choices=("float32", "float16", "bfloat16")),
             "param_init_dtype": F("str", "float32", "Parameter dtype.",
@@ -184,6 +193,16 @@ SCHEMA = Section({
         "sink_mode": F("bool", False, "Data sinking (Ascend); ignored on CPU."),
         "sink_size": F("int", 1, "Steps per sink when sink_mode is on.", min=1),
         "gradient_accumulation_steps": F("int", 1, "Micro-steps accumulated per optimizer step.", min=1),
+        "use_skip_step_on_nan": F("bool", True, "Skip (on every rank) an optimizer step whose gradient norm is "
+                                                "NaN/inf: weights, moments and the step counter stay "
+                                                "(MindFormers' training.use_skip_step_on_nan)."),
+        "global_norm_skip_threshold": F("float|null", None, "Also skip a step whose gradient norm (before "
+                                                            "clipping) exceeds this; null = no limit (MindFormers' "
+                                                            "monitor.health_checkpoint.global_norm_skip_threshold).",
+                                        min=0),
+        "max_consecutive_skipped_steps": F("int", 5, "Stop the run after this many skipped steps in a row "
+                                                     "(MindFormers' training.max_consecutive_skipped_steps).",
+                                           min=1),
     }, "Training loop."),
     "callbacks": Section({
         "type": F("str", doc="Callback class.", choices=("MFLossMonitor", "CheckpointMonitor", "EvalCallBack")),

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 import mindspore as ms
 
-from ..optim import AdamW, ClipGradNorm, build_lr_schedule, replication_weights
+from ..optim import AdamW, ClipGradNorm, StepGuard, build_lr_schedule, replication_weights
 from ..pipeline.schedules import build_schedule
 from ..sharding.parallelizer import GradientReducer
 from .config import Config, ConfigError
@@ -37,6 +37,8 @@ class TrainStep:
     optimizer: AdamW
     lr: object                   # the lr schedule (``lr.at(step)``)
     wrapped: Optional[object]    # the hsdp wrapper, when hsdp owns the update
+    guard: Optional[StepGuard] = None   # the bad-step guard the update applies (None: every step updates)
+    poison: Optional[object] = None     # MFC_FAULT "nan": a Parameter multiplied into the gradients (1 or NaN)
 
 
 def clip_limit(max_grad_norm: float) -> float:
@@ -63,8 +65,20 @@ def build_lr(cfg: Config, total_steps: int):
         raise ConfigError([f"lr_schedule = {lc.type} with warmup {warmup} of {total} steps: {e}"]) from None
 
 
-def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltModel, total_steps: int) -> TrainStep:
+def build_guard(cfg: Config) -> Optional[StepGuard]:
+    """``runner_config.use_skip_step_on_nan`` / ``global_norm_skip_threshold`` as a StepGuard."""
+    rc = cfg.runner_config
+    threshold = rc.get("global_norm_skip_threshold")
+    guard = StepGuard(bool(rc.get("use_skip_step_on_nan", True)), None if threshold is None else float(threshold))
+    return guard if guard.enabled else None
+
+
+def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltModel, total_steps: int,
+                     inject_nan: bool = False) -> TrainStep:
+    """``inject_nan`` (fault drills, ``training.faults``): the gradients pass through a factor the
+    trainer sets to NaN at the chosen step (not with hsdp, which reduces inside its own step)."""
     params = built.params
+    guard = build_guard(cfg)
     lr = build_lr(cfg, total_steps)
     oc = cfg.optimizer
     optimizer = AdamW(params, lr, betas=tuple(oc.betas), eps=float(oc.eps), weight_decay=float(oc.weight_decay))
@@ -85,27 +99,32 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
         wrapped = _hsdp(cfg, shape, built, stages)
         target = schedule if schedule is not None else built.model
         hsdp_step = wrapped.train_step(target, optimizer, mode=shape.mode_name, max_grad_norm=limit,
-                                  norm_groups=tp_groups, norm_weights=weights)
+                                       norm_groups=tp_groups, norm_weights=weights, step_guard=guard)
         if schedule is not None:
             def pipeline_step(ids, labels):
                 return feed.shared_loss(hsdp_step(*feed.inputs(ids, labels))), hsdp_step.grad_norm
-            return TrainStep(pipeline_step, optimizer, lr, wrapped)
+            return TrainStep(pipeline_step, optimizer, lr, wrapped, guard)
 
         def micro_steps(ids, labels):      # hsdp accumulates: communication on the last micro-step only
             for mids, mlabels in micro_slices(ids, labels, shape.accumulate):
                 loss = hsdp_step(mids, mlabels)
             return loss, hsdp_step.grad_norm
-        return TrainStep(micro_steps, optimizer, lr, wrapped)
+        return TrainStep(micro_steps, optimizer, lr, wrapped, guard)
 
+    poison = None
+    if inject_nan:
+        poison = ms.Parameter(ms.Tensor(1.0, ms.float32), name="mfc_fault_poison", requires_grad=False)
     reducer = GradientReducer(params)
     clip = ClipGradNorm(limit, tp_groups + ([pp_group] if pp_group is not None else []), weights)
     k = shape.accumulate
 
     def update(grads):
+        if poison is not None:
+            grads = tuple(g * poison for g in grads)
         if k > 1:
             grads = tuple(g / k for g in grads)
         grads, norm = clip(reducer(grads))
-        optimizer(grads)
+        optimizer(grads, guard(norm) if guard is not None else None)
         return norm
 
     if schedule is not None:
@@ -118,7 +137,7 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
             def step(ids, labels):
                 loss, grads = grad_fn(ids, labels)
                 return loss, update(grads)
-            return TrainStep(ms.jit(step) if shape.jit else step, optimizer, lr, None)
+            return TrainStep(ms.jit(step) if shape.jit else step, optimizer, lr, None, guard, poison)
         grads_of = ms.jit(grad_fn) if shape.jit else grad_fn
     update_fn = ms.jit(update) if shape.jit else update
 
@@ -130,7 +149,7 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
             summed = grads if summed is None else tuple(a + g for a, g in zip(summed, grads))
         # a plain tuple of Tensors is a constant to ms.jit: it would recompile at every step
         return total / k, update_fn(ms.mutable(summed) if shape.jit else summed)
-    return TrainStep(accumulating_step, optimizer, lr, None)
+    return TrainStep(accumulating_step, optimizer, lr, None, guard, poison)
 
 
 class _StageFeed:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from typing import Any, Dict, List, Optional
 
@@ -30,6 +31,7 @@ from ..distributed.env import get_env, init_distributed
 from ..sharding.annotations import global_shape_of
 from .checkpointing import Checkpointer
 from .config import Config, ConfigError
+from .faults import FaultInjector
 from .inputs import build_inputs
 from .model_builder import build_model
 from .predict import complete, generate
@@ -37,6 +39,15 @@ from .preflight import callback, preflight
 from .shape import JobShape
 from .steps import build_train_step
 from .topology import Topology
+
+
+def _json_number(value: float):
+    """A float for loss.jsonl: NaN and inf are not JSON, they become null."""
+    return value if math.isfinite(value) else None
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. too many bad steps in a row); the message says why and what to do."""
 
 
 class Trainer:
@@ -96,8 +107,14 @@ class Trainer:
             self.tokenizer, self.data = self.inputs.tokenizer, self.inputs.data
             self.global_batch, self.total_steps = self.inputs.global_batch, self.inputs.total_steps
             self._build_model(self.inputs.micro_batch)
-            step = build_train_step(cfg, shape, self.topology, self.built, self.total_steps)
+            self.faults = FaultInjector(self.rank)
+            nan = any(f.kind == "nan" for f in self.faults.faults)
+            if nan and shape.sharded_dp:
+                raise ConfigError(["MFC_FAULT: 'nan' faults are injected into our gradient update, which hsdp "
+                                   "(parallel.enable_parallel_optimizer) replaces; use exit/hang faults there"])
+            step = build_train_step(cfg, shape, self.topology, self.built, self.total_steps, inject_nan=nan)
             self.step_fn, self.optimizer, self.lr, self.wrapped = step.step_fn, step.optimizer, step.lr, step.wrapped
+            self.guard, self._poison = step.guard, step.poison
             self.checkpointer = Checkpointer(params=self.params, optimizer=self.optimizer, wrapped=self.wrapped,
                                              data=self.data, **common)
         self._ready = True
@@ -114,8 +131,10 @@ class Trainer:
     def save(self, step: int) -> str:
         """Save weights, AdamW moments, this rank's data position and the step (collective)."""
         shape = self.shape
-        state = {"step": step, "seed": int(self.cfg.seed), "data_parallel": shape.dp, "model_parallel": shape.tp,
-                 "pipeline_stage": shape.pp, "global_batch": self.global_batch, "next_lr": self.lr.at(step),
+        applied = int(self.optimizer.global_step.asnumpy())     # fewer than ``step`` after skipped steps
+        state = {"step": step, "optimizer_step": applied, "seed": int(self.cfg.seed), "data_parallel": shape.dp,
+                 "model_parallel": shape.tp, "pipeline_stage": shape.pp, "global_batch": self.global_batch,
+                 "next_lr": self.lr.at(applied),
                  "tokenizer_file": os.path.abspath(self.tokenizer.vocab_file)}
         return self.checkpointer.save(step, state)
 
@@ -124,8 +143,9 @@ class Trainer:
         self.setup()
         trained = self.checkpointer.load(directory, resume, step)
         if resume:
+            applied = int(self.optimizer.global_step.asnumpy())
             self.log(f"resumed from {directory} step {trained}: {self.data.consumed_samples} samples consumed per "
-                     f"data-parallel rank, next lr {self.lr.at(trained):.3e}")
+                     f"data-parallel rank, next lr {self.lr.at(applied):.3e}")
         return trained
 
     def restore(self) -> int:
@@ -183,7 +203,11 @@ class Trainer:
         """Train to ``total_steps``; returns this session's per-step records (as in loss.jsonl)."""
         cfg = self.cfg
         self.setup()
+        # MindSpore's runtime turns Ctrl-C into SIGTERM: have it raise KeyboardInterrupt (exit 130 in the cli)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         start = self.start_step = self.restore()
+        if start == 0 and cfg.get("overwrite_output_dir") and self.rank == 0:
+            self.checkpointer.clear()        # the earlier run's steps must not mix with this one's
         ckpt = callback(cfg, "CheckpointMonitor")
         every = int(ckpt.get("save_checkpoint_steps", 0) or 0) if ckpt is not None else 0
         monitor = callback(cfg, "MFLossMonitor")
@@ -197,32 +221,55 @@ class Trainer:
         batches = self.inputs.batches()
         timed, timed_steps = 0.0, 0          # wall time of steps after this session's first (compile, warm-up)
         last_saved = start
+        applied = int(self.optimizer.global_step.asnumpy())   # optimizer steps taken (skipped steps excluded)
+        limit = int(cfg.runner_config.get("max_consecutive_skipped_steps", 5))
+        in_a_row = 0
         for step in range(start, self.total_steps):
+            self.faults.before_step(step + 1)
+            poisoned = self._poison is not None and self.faults.nan_at(step + 1)
+            if poisoned:
+                ms.ops.assign(self._poison, Tensor(float("nan"), ms.float32))
             t0 = time.monotonic()
             ids, labels = next(batches)
             t1 = time.monotonic()
             loss, norm = self.step_fn(Tensor(ids), Tensor(labels))
             loss, norm = float(loss), float(norm)
+            if poisoned:
+                ms.ops.assign(self._poison, Tensor(1.0, ms.float32))
             t2 = time.monotonic()
-            lr = self.lr.at(step)            # the rate this step used (AdamW takes lr(step index))
+            lr = self.lr.at(applied)         # the rate this step used (AdamW takes lr(optimizer step))
+            skipped = self.guard is not None and not self.guard.is_ok(norm)
+            applied += not skipped
+            in_a_row = in_a_row + 1 if skipped else 0
             if step > start:
                 timed, timed_steps = timed + (t2 - t0), timed_steps + 1
             eta = (timed / timed_steps if timed_steps else (t2 - t0)) * (self.total_steps - step - 1)
-            record = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm,
+            record = {"step": step + 1, "loss": _json_number(loss), "lr": lr, "grad_norm": _json_number(norm),
                       "tokens_per_s": tokens_per_step / (t2 - t1), "step_time_s": t2 - t0}
+            if skipped:
+                record["skipped"] = True
             history.append(record)
-            if (step + 1) % print_every == 0 or step + 1 == self.total_steps or not math.isfinite(loss):
+            if (step + 1) % print_every == 0 or step + 1 == self.total_steps or skipped or not math.isfinite(loss):
                 self.log(f"step {step + 1:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  grad_norm {norm:.3f}  "
-                         f"{tokens_per_step / (t2 - t1):,.0f} tok/s  ETA {eta:.0f}s")
+                         f"{tokens_per_step / (t2 - t1):,.0f} tok/s  ETA {eta:.0f}s"
+                         + (f"  skipped ({self.guard.describe()}; {in_a_row} in a row)" if skipped else ""))
             if eval_every and (step + 1) % eval_every == 0:
                 record["eval_loss"] = self.evaluate()
                 self.log(f"step {step + 1:>4}/{self.total_steps}  eval_loss {record['eval_loss']:.4f}  "
                          f"({cfg.eval_dataset.eval_steps} batches of {cfg.eval_dataset.dataset_dir})")
             if self.rank == 0:
                 with open(log_path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"step {step + 1}: loss is {loss}")
+                    f.write(json.dumps(record, allow_nan=False) + "\n")
+            if in_a_row >= limit:
+                raise TrainingError(f"step {step + 1}: {in_a_row} steps in a row skipped ({self.guard.describe()}; "
+                                    f"runner_config.max_consecutive_skipped_steps = {limit}); the weights are those "
+                                    f"of step {step + 1 - in_a_row}. Lower the learning rate or check the data, then "
+                                    "resume from the last checkpoint")
+            if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):
+                raise TrainingError(f"step {step + 1}: loss {loss}, gradient norm {norm}, and "
+                                    "runner_config.use_skip_step_on_nan is off, so the update was applied and "
+                                    "nothing after step " f"{last_saved} is saved; set use_skip_step_on_nan: True to "
+                                    "skip such steps")
             if every and (step + 1) % every == 0:
                 self.save(step + 1)
                 last_saved = step + 1

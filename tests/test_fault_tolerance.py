@@ -1,0 +1,237 @@
+"""Faults on one process: bad steps skipped with the state untouched, non-finite checkpoints never
+published, corrupt shards detected with the intact step named, crash leftovers removed, honest exit
+codes (1 for a stopped run, 130 for Ctrl-C), the fault-injection hook.
+
+Runs go through ``run_mindformer.main`` on tests/test_trainer.py's tiny config (2 layers, seq 32).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import run_mindformer
+from mindformers_core.training.faults import Fault, parse_faults
+from tests.test_trainer import ROOT, args, records, saved, steps_in, tiny  # noqa: F401  (tiny: fixture)
+
+EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
+                             "keep_checkpoint_max: 10}]"]
+
+
+def strict_records(out):
+    """loss.jsonl read by a JSON parser that refuses NaN/Infinity (they are not JSON)."""
+    def refuse(token):
+        raise ValueError(f"loss.jsonl holds {token}, which is not JSON")
+    with open(os.path.join(str(out), "loss.jsonl")) as f:
+        return [json.loads(line, parse_constant=refuse) for line in f]
+
+
+# ---- pure logic -----------------------------------------------------------------------------------
+def test_fault_specs_parse_and_bad_ones_are_named():
+    assert parse_faults("exit:1:3, nan:*:2") == [Fault("exit", 1, 3), Fault("nan", None, 2)]
+    assert parse_faults(None) == [] and parse_faults("") == []
+    for bad in ("boom:1:3", "exit:x:3", "exit:1:0", "exit:1"):
+        with pytest.raises(ValueError, match=r"MFC_FAULT=.*kind:rank:step"):
+            parse_faults(bad)
+
+
+def test_step_guard_decides_like_the_graph():
+    import mindspore as ms
+    from mindformers_core.optim import StepGuard
+    guard = StepGuard(True, 2.0)
+    for norm in (1.0, 2.0, 2.5, float("nan"), float("inf")):
+        in_graph = bool(guard(ms.Tensor(norm, ms.float32)).asnumpy())
+        assert in_graph == guard.is_ok(norm) == (np.isfinite(norm) and norm <= 2.0)
+    assert not StepGuard(False, None).enabled
+    with pytest.raises(ValueError, match="norm_threshold=-1"):
+        StepGuard(True, -1)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_adamw_skipped_step_leaves_weights_moments_and_counter(mode):
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+    from mindformers_core.optim import AdamW
+    p = Parameter(Tensor(np.arange(4, dtype=np.float32)), name="w")
+    opt = AdamW([p], 0.1, weight_decay=0.01)
+    def apply(g, ok):
+        return opt(g, ok)
+    jitted = ms.jit(apply)
+
+    def step(g, ok):       # a tuple of Tensors is a constant to ms.jit unless mutable
+        return jitted(ms.mutable(g), ok) if mode == "jit" else apply(g, ok)
+    step((Tensor(np.ones(4, np.float32)),), Tensor(True))
+    before = [p.asnumpy().copy(), opt.moment1[0].asnumpy().copy(), opt.moment2[0].asnumpy().copy()]
+    step((Tensor(np.full(4, np.nan, np.float32)),), Tensor(False))
+    after = [p.asnumpy(), opt.moment1[0].asnumpy(), opt.moment2[0].asnumpy()]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert int(opt.global_step.asnumpy()) == 1
+    step((Tensor(np.ones(4, np.float32)),), Tensor(True))
+    assert int(opt.global_step.asnumpy()) == 2 and not np.array_equal(p.asnumpy(), before[0])
+
+
+def test_hsdp_train_step_skips_a_bad_step():
+    """hsdp owns its update: the guard is threaded into it (1 process, level1)."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn, ops
+    from mindformers_core.hsdp import hsdp
+    from mindformers_core.optim import AdamW, StepGuard
+
+    class Tiny(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(Tensor(np.ones((4, 4), np.float32)), name="w")
+            self.poison = Parameter(Tensor(1.0, ms.float32), name="poison", requires_grad=False)
+
+        def construct(self, x):
+            return (ops.matmul(x, self.w) * self.poison).sum()
+
+    model = Tiny()
+    wrapped = hsdp(model, shard_size=1, threshold=0, optimizer_level="level1")
+    opt = AdamW([model.w], 0.1)
+    step = wrapped.train_step(model, opt, max_grad_norm=float("inf"), step_guard=StepGuard(True))
+    x = Tensor(np.ones((2, 4), np.float32))
+    step(x)
+    before = (model.w.asnumpy().copy(), opt.moment1[0].asnumpy().copy())
+    ops.assign(model.poison, Tensor(float("nan"), ms.float32))
+    step(x)
+    assert not np.isfinite(float(step.grad_norm))
+    assert np.array_equal(model.w.asnumpy(), before[0]) and np.array_equal(opt.moment1[0].asnumpy(), before[1])
+    assert int(opt.global_step.asnumpy()) == 1
+
+
+# ---- the trainer ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_a_nan_step_is_skipped_with_the_state_untouched(tiny, tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("MFC_FAULT", "nan:*:2")
+    out = tmp_path / "run"
+    assert run_mindformer.main(args(tiny, out, "--mode", mode, *EVERY_STEP)) == 0
+    recs = strict_records(out)
+    assert [r.get("skipped", False) for r in recs] == [False, True, False, False]
+    assert recs[1]["grad_norm"] is None and np.isfinite(recs[1]["loss"])
+    assert recs[2]["lr"] == recs[1]["lr"]                       # the lr position did not move either
+    assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in (recs[0], recs[2], recs[3]))
+    w1, o1, s1 = saved(out, 1)
+    w2, o2, s2 = saved(out, 2)
+    assert all(np.array_equal(w1[k], w2[k]) for k in w1)        # weights of step 2 = those of step 1
+    assert all(np.array_equal(o1[s][k], o2[s][k]) for s in o1 for k in o1[s])   # AdamW moments too
+    assert s1.trainer_state["optimizer_step"] == s2.trainer_state["optimizer_step"] == 1
+    w3, _, s3 = saved(out, 3)
+    assert s3.trainer_state["optimizer_step"] == 2 and not all(np.array_equal(w2[k], w3[k]) for k in w2)
+
+
+def test_resume_after_a_skipped_step_equals_the_uninterrupted_run(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("MFC_FAULT", "nan:*:2")
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert run_mindformer.main(args(tiny, whole, *EVERY_STEP)) == 0
+    assert run_mindformer.main(args(tiny, part, *EVERY_STEP, "--runner_config.max_steps", 2)) == 0
+    monkeypatch.delenv("MFC_FAULT")
+    assert run_mindformer.main(args(tiny, part, *EVERY_STEP, "--resume_training", "True")) == 0
+    assert strict_records(part) == [dict(r, step_time_s=p["step_time_s"], tokens_per_s=p["tokens_per_s"])
+                                    for r, p in zip(strict_records(whole), strict_records(part))]
+
+
+def test_consecutive_skips_stop_the_run_with_exit_1(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MFC_FAULT", "nan:*:2,nan:*:3")
+    out = tmp_path / "run"
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--runner_config.max_consecutive_skipped_steps",
+                                    2)) == 1
+    err = capsys.readouterr().err
+    assert "training stopped: step 3: 2 steps in a row skipped" in err and "weights are those of step 1" in err
+    assert [r["step"] for r in strict_records(out)] == [1, 2, 3] and steps_in(out) == [1, 2]
+
+
+def test_without_the_guard_a_nan_step_stops_and_publishes_nothing(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MFC_FAULT", "nan:*:2")
+    out = tmp_path / "run"
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--runner_config.use_skip_step_on_nan", "False",
+                                    "--runner_config.max_grad_norm", 0)) == 1
+    assert "use_skip_step_on_nan is off" in capsys.readouterr().err
+    assert steps_in(out) == [1]                                 # the poisoned step 2 was not published
+    assert strict_records(out)[1]["grad_norm"] is None
+
+
+def test_a_huge_learning_rate_never_publishes_non_finite_weights(tiny, tmp_path):
+    out = tmp_path / "run"
+    code = run_mindformer.main(args(tiny, out, *EVERY_STEP, "--lr_schedule.learning_rate", "1e38",
+                                    "--optimizer.learning_rate", "1e38", "--runner_config.max_grad_norm", 0,
+                                    "--runner_config.max_consecutive_skipped_steps", 2))
+    assert code in (0, 1)
+    assert steps_in(out)
+    for step in steps_in(out):
+        weights, moments, _ = saved(out, step)
+        assert all(np.isfinite(v).all() for v in weights.values())
+        assert all(np.isfinite(v).all() for m in moments.values() for v in m.values())
+    strict_records(out)
+
+
+def test_a_corrupt_latest_step_names_the_intact_one(tiny, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--runner_config.max_steps", 3)) == 0
+    shard = out / "checkpoint" / "step_3" / "rank_0.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF                                            # one flipped byte in the tensor data
+    shard.write_bytes(bytes(data))
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--resume_training", "True")) == 2
+    err = capsys.readouterr().err
+    assert "rank_0.safetensors" in err and "corrupt" in err
+    assert "step_2 in" in err and "is intact: load it with --resume_training step_2" in err
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--resume_training", "step_2")) == 0
+    assert [r["step"] for r in strict_records(out)] == [1, 2, 3, 4]
+
+
+def test_leftovers_of_interrupted_saves_are_removed(tiny, tmp_path):
+    out = tmp_path / "run"
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--runner_config.max_steps", 2)) == 0
+    ckpt = out / "checkpoint"
+    (ckpt / "step_9.tmp").mkdir()
+    (ckpt / "step_9.tmp" / "rank_0.safetensors").write_bytes(b"x" * 100)
+    (ckpt / "step_1.old-4242").mkdir()
+    (ckpt / "latest_checkpointed_iteration.txt.tmp-77").write_text("9\n")
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--resume_training", "True")) == 0
+    assert sorted(os.listdir(ckpt)) == ["latest_checkpointed_iteration.txt", "step_1", "step_2", "step_3",
+                                         "step_4"]
+
+
+def test_ctrl_c_exits_130_with_a_message(tiny, tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "run_mindformer.py", *args(tiny, out, "--runner_config.max_steps", 1000,
+                                                                          "--lr_schedule.total_steps", 1000)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "loss.jsonl").exists() or not (out / "loss.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start stepping"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted (SIGINT)" in err
+
+
+def test_checkpoint_library_refuses_nan_and_verifies_checksums(tmp_path):
+    from mindformers_core.checkpoint import (CheckpointError, load_checkpoint, newest_intact_step, save_checkpoint,
+                                             verify_step)
+    d = str(tmp_path / "ckpt")
+    w = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    save_checkpoint(d, 1, w, rank=0, world_size=1)
+    save_checkpoint(d, 2, {"w": w["w"] + 1}, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"step 3 holds non-finite values .* \['w'\]; refusing to publish"):
+        save_checkpoint(d, 3, {"w": np.full((2, 3), np.inf, np.float32)}, rank=0, world_size=1)
+    assert verify_step(d, 2) == [] and newest_intact_step(d) == 2
+    shard = tmp_path / "ckpt" / "step_2" / "rank_0.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert "corrupt" in str(verify_step(d, 2)[0]) and newest_intact_step(d) == 1
+    with pytest.raises(CheckpointError, match="SHA-256 differs"):
+        load_checkpoint(d, {"w": ((2, 3), None)}, step=2)
+    assert np.array_equal(load_checkpoint(d, {"w": ((2, 3), None)}, step=1)["w"], w["w"])
