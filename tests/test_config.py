@@ -189,7 +189,8 @@ def test_wrong_types_enums_bounds_and_missing():
         "parallel_config.data_parallel = True: must be int (got bool)"]
     assert errors_of({"context.device_target": "TPU"}) == [
         "context.device_target = 'TPU': must be one of ['CPU', 'GPU', 'Ascend']"]
-    assert errors_of({"run_mode": "eval"}) == ["run_mode = 'eval': must be one of ['train', 'finetune', 'predict']"]
+    assert errors_of({"run_mode": "evaluate"}) == [
+        "run_mode = 'evaluate': must be one of ['train', 'finetune', 'eval', 'predict']"]
     assert errors_of({"hsdp.optimizer_level": "level4"}) == [
         "hsdp.optimizer_level = 'level4': must be one of ['level1', 'level2', 'level3']"]
     assert errors_of({"parallel.pipeline_config.pipeline_scheduler": "seqpipe"}) == [

@@ -20,7 +20,7 @@ _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidde
             "num_heads": "num_attention_heads", "vocab_size": "vocab_size", "seq_length": "seq_length",
             "rms_norm_eps": "layernorm_epsilon", "rope_theta": "rotary_base",
             "tie_word_embeddings": "tie_word_embeddings", "compute_dtype": "compute_dtype",
-            "param_init_dtype": "params_dtype", "offset": "offset"}
+            "param_init_dtype": "params_dtype", "offset": "offset", "add_qkv_bias": "add_qkv_bias"}
 _ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
 _IGNORED = ("type", "max_position_embeddings")   # rotary tables are built for seq_length
 

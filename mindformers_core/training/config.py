@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 
 import yaml
 
+from .dialects import GRAPH, detect, override_known, suggest, translate, unknown
 from .rules import check_rules
 from .schema import SCHEMA, TYPE_CHECKS, Field, Section, default_tree, iter_fields, lookup
 
@@ -126,23 +127,10 @@ def parse_overrides(overrides: Overrides) -> List[Tuple[str, Any]]:
 
 
 def closest_key(path: str) -> Optional[str]:
-    """The valid key path most like ``path``: the same name elsewhere (a misplaced key), a similar
-    sibling, a similar name elsewhere, then a similar full path."""
-    parent, _, name = path.rpartition(".")
-    paths = [p for p, _ in iter_fields()]
-    by_leaf = {p.rpartition(".")[2]: p for p in reversed(paths)}  # shallowest path wins per leaf name
-    if name in by_leaf:  # a real key in the wrong place, e.g. top-level `data_parallel`
-        return by_leaf[name]
-    node = lookup(parent) if parent else SCHEMA
-    if isinstance(node, Section) and not node.is_list:
-        close = difflib.get_close_matches(name, list(node.fields), n=1, cutoff=0.6)
-        if close:
-            return f"{parent}.{close[0]}" if parent else close[0]
-    close = difflib.get_close_matches(name, list(by_leaf), n=1, cutoff=0.75)
-    if close:
-        return by_leaf[close[0]]
-    close = difflib.get_close_matches(path, paths, n=1, cutoff=0.6)
-    return close[0] if close else None
+    """The valid key path most like ``path`` (graph-mode dialect: the schema's keys and the MindFormers keys
+    of :mod:`.mindformers_keys`): the same name elsewhere (a misplaced key), a similar sibling, a similar
+    name elsewhere, then a similar full path."""
+    return suggest(path, GRAPH)
 
 
 def _unknown(path: str, value: Any) -> str:
@@ -151,12 +139,54 @@ def _unknown(path: str, value: Any) -> str:
     return f"{path} = {value!r}: unknown key{hint}"
 
 
-def apply_overrides(raw: Dict[str, Any], pairs: Iterable[Tuple[str, Any]], errors: List[str]) -> None:
-    """Set each dotted key in ``raw``; keys the schema does not know are reported, not created."""
+def _override_target(path: str, dialect: str) -> Optional[str]:
+    """The schema key an override (or a file key) sets, to drop other spellings of it from the file."""
+    from . import mindformers_keys as K
+    table = K.GRAPH_ALIASES if dialect == GRAPH else K.PYNATIVE_ALIASES
+    if path in table:
+        return table[path]
+    for prefix in ("model.model_config.", "model."):
+        if path.startswith(prefix) and "." not in path[len(prefix):]:
+            name = path[len(prefix):]
+            return "model.model_config." + K.MODEL_ALIASES.get(name, name)
+    return path if dialect == GRAPH and lookup(path) is not None else None
+
+
+def _drop_other_spellings(raw: Dict[str, Any], key: str, dialect: str) -> None:
+    target = _override_target(key, dialect)
+    if target is None:
+        return
+    parent, _, _ = key.rpartition(".")
+    candidates = [f"{parent}.{k}" if parent else k for k in (_node(raw, parent) or {})]
+    from . import mindformers_keys as K
+    table = K.GRAPH_ALIASES if dialect == GRAPH else K.PYNATIVE_ALIASES
+    candidates += [k for k, v in table.items() if v == target] + ([target] if dialect == GRAPH else [])
+    for other in candidates:
+        if other != key and _override_target(other, dialect) == target:
+            node = _node(raw, other.rpartition(".")[0])
+            if isinstance(node, dict):
+                node.pop(other.rpartition(".")[2], None)
+
+
+def _node(raw: Dict[str, Any], path: str) -> Any:
+    node: Any = raw
+    for part in path.split(".") if path else []:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def apply_overrides(raw: Dict[str, Any], pairs: Iterable[Tuple[str, Any]], errors: List[str],
+                    dialect: str = GRAPH) -> None:
+    """Set each dotted key in ``raw`` (the file's own dialect); keys the dialect does not know are
+    reported, not created. An override replaces the file's other spellings of the same setting
+    (``--model.model_config.num_layers`` replaces ``num_hidden_layers``)."""
     for key, value in pairs:
-        if lookup(key) is None:
-            errors.append(_unknown(key, value).replace(": unknown key", ": unknown override key", 1))
+        if not override_known(key, dialect):
+            errors.append(unknown(key, value, dialect, "unknown override key"))
             continue
+        _drop_other_spellings(raw, key, dialect)
         node, parts = raw, key.split(".")
         for part in parts[:-1]:
             if node.get(part) is None:
@@ -231,13 +261,20 @@ def validate(raw: Mapping[str, Any], overrides: Overrides = (), worker_num: int 
         raise ConfigError([f"worker_num = {worker_num!r}: must be an int >= 1"], source)
     errors: List[str] = []
     raw = _unwrap(raw)
-    apply_overrides(raw, parse_overrides(overrides), errors)
+    dialect = detect(raw)
+    apply_overrides(raw, parse_overrides(overrides), errors, dialect)
+    internal, report, problems = translate(raw, worker_num, dialect)
+    errors += problems
+    checked: List[str] = []
     bad: Set[str] = set()
-    tree = check_tree(raw, SCHEMA, "", errors, bad)
-    errors += check_rules(tree, worker_num, bad)
+    tree = check_tree(internal, SCHEMA, "", checked, bad)
+    checked += check_rules(tree, worker_num, bad)
+    errors += [report.rename(e) for e in checked]
     if errors:
         raise ConfigError(errors, source)
-    return Config(tree)
+    config = Config(tree)
+    config.report = report          # dialect, keys not applied, the user's names (attribute, not a key)
+    return config
 
 
 def load_config(path: Union[str, Path], overrides: Overrides = (), worker_num: int = 1) -> Config:

@@ -86,6 +86,9 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
         if size != -1 and (size < 1 or dp % size):
             errors.append(f"hsdp.shard_size = {size}: must be -1 (all data-parallel ranks) or a divisor of "
                           f"parallel_config.data_parallel = {dp}")
+    if ok(mc + "use_flash_attention") and _get(cfg, mc + "use_flash_attention"):
+        errors.append(f"{mc}use_flash_attention = True: there is no fused (flash) attention kernel on CPU; set "
+                      "use_flash_attention: False (the same attention is computed unfused)")
     if ok("optimizer.betas") and len(cfg["optimizer"]["betas"]) != 2:
         errors.append(f"optimizer.betas = {cfg['optimizer']['betas']}: must be two numbers [beta1, beta2]")
     return errors

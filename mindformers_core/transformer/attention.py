@@ -69,9 +69,10 @@ class SelfAttention(nn.Cell):
         bias = config.add_bias_linear
         q_size = config.num_attention_heads * config.head_dim
         kv_size = config.query_groups * config.head_dim
-        self.linear_q = ColumnParallelLinear(config.hidden_size, q_size, config, bias=bias)
-        self.linear_k = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=bias)
-        self.linear_v = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=bias)
+        qkv_bias = bias or config.add_qkv_bias
+        self.linear_q = ColumnParallelLinear(config.hidden_size, q_size, config, bias=qkv_bias)
+        self.linear_k = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=qkv_bias)
+        self.linear_v = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=qkv_bias)
         self.rotary = RotaryEmbedding(config)
         self.core_attention = DotProductAttention(config)
         self.linear_proj = RowParallelLinear(q_size, config.hidden_size, config, bias=bias)

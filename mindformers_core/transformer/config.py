@@ -52,6 +52,7 @@ class TransformerConfig:
     params_dtype: str = "float32"
     compute_dtype: str = "float32"
     data_parallel_size: int = 1
+    add_qkv_bias: bool = False                     # biases on q/k/v only (Qwen2.5); add_bias_linear implies them
     tensor_model_parallel_size: int = 1
     context_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1

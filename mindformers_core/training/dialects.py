@@ -1,0 +1,599 @@
+"""MindFormers' two YAML dialects read into the one internal config the trainer uses.
+
+- **graph mode** (``parallel_config``, ``runner_config``, ``model.model_config``, ``lr_schedule``,
+  ``callbacks``, ``context``, ``parallel``, ...): the schema's own dialect, plus the keys real files
+  carry — mcore/HF model names (``num_hidden_layers``, ``num_key_value_heads``, ...), ``data_loader``,
+  ``beta1``/``beta2``, and the many Ascend/graph-mode keys that do nothing on CPU.
+- **PyNative TrainConfig** (``training``, ``parallelism``, ``lr_scheduler``, ``checkpoint``, flat
+  ``model`` with ``model_type``/``architectures``, ``train_dataset.dataloader``, ``monitor``,
+  ``profiler``): translated key by key into the schema's keys.
+
+Which keys are applied, listed as not applied on CPU, or refused is the data table in
+:mod:`.mindformers_keys`. :func:`translate` returns the schema-dialect mapping, the keys not applied,
+the errors found, and how to name a schema key as the user wrote it (``Report.rename``), so every error
+names the key of the user's file. Pure Python: no MindSpore.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from . import mindformers_keys as K
+from .schema import SCHEMA, Section, iter_fields, lookup
+
+GRAPH, PYNATIVE = "graph", "pynative"
+PYNATIVE_SECTIONS = ("training", "parallelism", "lr_scheduler")
+_MISSING = object()
+_EMPTY = ("", None, "None")
+
+# schema key -> its PyNative name, for errors about keys the file does not have (defaults, required keys)
+_PYNATIVE_NAMES = {**{v: k for k, v in K.PYNATIVE_ALIASES.items() if k.count(".") and not k.startswith("train_dataset.dataloader.dataset_files")},
+                   "model.model_config.num_layers": "model.num_hidden_layers",
+                   "model.model_config.num_heads": "model.num_attention_heads",
+                   "model.model_config.n_kv_heads": "model.num_key_value_heads",
+                   "model.model_config.ffn_hidden_size": "model.intermediate_size",
+                   "model.model_config.param_init_dtype": "model.params_dtype",
+                   "model.arch.type": "model.architectures",
+                   "runner_config.gradient_accumulation_steps": "training.global_batch_size",
+                   "parallel_config.micro_batch_num": "training.global_batch_size",
+                   "parallel_config": "parallelism"}
+
+
+def detect(raw: Dict[str, Any]) -> str:
+    """``pynative`` when the file has a TrainConfig section (``training``, ``parallelism``,
+    ``lr_scheduler``), a flat ``model`` (``model_type``/``architectures``/sizes, no ``model_config``)
+    or ``train_dataset.dataloader``; else ``graph``."""
+    if any(k in raw for k in PYNATIVE_SECTIONS):
+        return PYNATIVE
+    model = raw.get("model")
+    if isinstance(model, dict) and model and "model_config" not in model and "arch" not in model:
+        return PYNATIVE
+    ds = raw.get("train_dataset")
+    if isinstance(ds, dict) and "dataloader" in ds and "data_loader" not in ds:
+        return PYNATIVE
+    return GRAPH
+
+
+@dataclass
+class Report:
+    """What the translation found: the dialect, keys not applied (``(user key, reason)``), and the
+    user's name for each schema key it set."""
+    dialect: str = GRAPH
+    not_applied: List[Tuple[str, str]] = field(default_factory=list)
+    origin: Dict[str, str] = field(default_factory=dict)     # schema path -> user path
+
+    def rename(self, message: str) -> str:
+        """``message`` with schema key paths written as the user's file writes them."""
+        names = dict(_PYNATIVE_NAMES) if self.dialect == PYNATIVE else {}
+        names.update(self.origin)
+        names = {k: v for k, v in names.items() if k != v}
+        if self.dialect == PYNATIVE:
+            message = re.sub(r"(?<![\w.])model\.model_config\.(\w+)",
+                             lambda m: names.get(m.group(0), f"model.{m.group(1)}"), message)
+        if not names:
+            return message
+        pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+                             + r")(?![\w])")
+        return pattern.sub(lambda m: names[m.group(1)], message)
+
+    def summary(self, source: str = "the config") -> List[str]:
+        """The start-up lines: keys known to MindFormers that do nothing here, grouped by reason."""
+        if not self.not_applied:
+            return []
+        groups: Dict[str, List[str]] = {}
+        for key, reason in self.not_applied:
+            if key not in groups.setdefault(reason, []):
+                groups[reason].append(key)
+        lines = [f"not applied on CPU ({len(self.not_applied)} keys of {source}, known to MindFormers, accepted):"]
+        lines += [f"  {reason}: {', '.join(keys)}" for reason, keys in groups.items()]
+        return lines
+
+
+# ------------------------------------------------------------------------------------------------ patterns
+def _match(path: str, table: Dict[str, Any]) -> Optional[Any]:
+    """The table entry for ``path``: exact, or a ``prefix.*`` pattern covering it (callbacks[i] -> callbacks)."""
+    path = re.sub(r"\[\d+\]", "", path)
+    if path in table:
+        return table[path]
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        star = ".".join(parts[:i]) + ".*"
+        if star in table:
+            return table[star]
+    return None
+
+
+def known_paths(dialect: str) -> List[str]:
+    """Every key path a file of ``dialect`` may hold (for suggestions): schema keys (graph mode) and the table's."""
+    if dialect == PYNATIVE:
+        keys = list(K.PYNATIVE_ALIASES) + list(K.PYNATIVE_NOT_APPLIED) + [k for k in K.PYNATIVE_SPECIAL]
+        keys += [f"model.{k}" for k in _model_names()]
+    else:
+        keys = [p for p, _ in iter_fields()] + list(K.GRAPH_ALIASES) + list(K.GRAPH_NOT_APPLIED)
+        keys += [f"model.model_config.{k}" for k in _model_names()]
+    return sorted({k[:-2] if k.endswith(".*") else k for k in keys})
+
+
+def _model_names() -> List[str]:
+    own = list(lookup("model.model_config").fields)
+    return own + list(K.MODEL_ALIASES) + list(K.MODEL_CHECKED) + list(K.MODEL_NOT_APPLIED) + \
+        list(K.MODEL_HEAD_DIM) + list(K.MOE_MODEL_KEYS)
+
+
+def suggest(path: str, dialect: str) -> Optional[str]:
+    """The known key most like ``path``: same name elsewhere, a similar sibling, a similar name, a similar path."""
+    paths = known_paths(dialect)
+    parent, _, name = re.sub(r"\[\d+\]", "", path).rpartition(".")
+    by_leaf: Dict[str, str] = {}
+    for p in sorted(paths, key=lambda p: p.count(".")):
+        by_leaf.setdefault(p.rpartition(".")[2], p)
+    if name in by_leaf and by_leaf[name] != path:
+        return by_leaf[name]
+    siblings = [p.rpartition(".")[2] for p in paths if p.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"{parent}.{close[0]}" if parent else close[0]
+    close = difflib.get_close_matches(name, list(by_leaf), n=1, cutoff=0.75)
+    if close:
+        return by_leaf[close[0]]
+    close = difflib.get_close_matches(path, paths, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown(path: str, value: Any, dialect: str, what: str = "unknown key") -> str:
+    s = suggest(path, dialect)
+    return f"{path} = {value!r}: {what}" + (f"; did you mean {s!r}?" if s else "")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _get(tree: Dict[str, Any], path: str, default: Any = _MISSING) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _set(tree: Dict[str, Any], path: str, value: Any) -> None:
+    node = tree
+    parts = path.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _schema_field(path: str) -> bool:
+    node = lookup(path)
+    return node is not None and not isinstance(node, Section)
+
+
+def _walk(tree: Any, prefix: str = "", stop=lambda path: False) -> Iterable[Tuple[str, Any]]:
+    """(path, value) of every leaf; an empty mapping, or a path where ``stop(path)``, is a leaf."""
+    if isinstance(tree, dict) and tree and not (prefix and stop(prefix)):
+        for k, v in tree.items():
+            yield from _walk(v, f"{prefix}.{k}" if prefix else str(k), stop)
+    else:
+        yield prefix, tree
+
+
+class _Translation:
+    def __init__(self, dialect: str):
+        self.report = Report(dialect)
+        self.errors: List[str] = []
+        self.out: Dict[str, Any] = {}
+        self.given: Dict[str, Tuple[str, Any]] = {}        # schema path -> (user path, value) that set it
+
+    def skip(self, path: str, reason: str) -> None:
+        self.report.not_applied.append((re.sub(r"\[\d+\]", "", path), reason))
+
+    def put(self, target: str, value: Any, user: str) -> None:
+        """Set schema key ``target`` from ``user``; two user keys naming one setting must agree."""
+        value = K.VALUE_ALIASES.get(target, {}).get(value, value) if _hashable(value) else value
+        if target in self.given:
+            other, old = self.given[target]
+            if old != value:
+                self.errors.append(f"{user} = {value!r}: conflicts with {other} = {old!r}; they are the same "
+                                   "setting, give one")
+            return
+        self.given[target] = (user, value)
+        self.report.origin[target] = user
+        _set(self.out, target, value)
+
+    # ---- model keys (both dialects) ----------------------------------------------------------------
+    def model(self, keys: Dict[str, Any], prefix: str, own: Iterable[str]) -> None:
+        """``keys`` of one model section (``model.model_config`` or PyNative ``model``)."""
+        moe = [k for k in keys if k in K.MOE_MODEL_KEYS]
+        experts = keys.get("n_routed_experts", keys.get("num_experts"))
+        real = [k for k in moe if k not in K.MOE_SETTINGS_ONLY]
+        if (real and experts is None) or (isinstance(experts, int) and experts > 1):
+            self.errors.append(f"{prefix}{moe[0]} = {keys[moe[0]]!r}: {K.MOE_MESSAGE} (MoE keys here: "
+                               f"{', '.join(moe)})")
+        own = set(own)
+        for name, value in keys.items():
+            user = f"{prefix}{name}"
+            if name == "offset" and isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+                value = [o for chunk in value for o in chunk]    # per virtual stage lists -> stage order
+            if name in own:
+                self.put(f"model.model_config.{name}", value, user)
+            elif name in K.MODEL_ALIASES:
+                if value in _EMPTY and name != "untie_embeddings_and_output_weights":
+                    continue
+                self.put(f"model.model_config.{K.MODEL_ALIASES[name]}", (not value) if name in K.NEGATED else value,
+                         user)
+            elif name in K.MODEL_CHECKED:
+                ok, why = K.MODEL_CHECKED[name]
+                if _hashable(value) and value in ok:
+                    self.skip(user, K.KERNELS if name in ("rmsnorm", "post_layer_norm") else K.MISC)
+                else:
+                    self.errors.append(f"{user} = {value!r}: {why}")
+            elif name in K.MODEL_HEAD_DIM:
+                self.head_dim(user, value, keys)
+            elif user in K.GRAPH_ALIASES:
+                self.put(K.GRAPH_ALIASES[user], value, user)
+            elif name in K.MOE_MODEL_KEYS:
+                self.skip(user, K.MISC)
+            elif name in K.MODEL_NOT_APPLIED:
+                self.skip(user, K.MODEL_NOT_APPLIED[name])
+            elif self.report.dialect == GRAPH:
+                _set(self.out, f"model.model_config.{name}", value)     # the schema check names it, in order
+            else:
+                self.errors.append(unknown(user, value, self.report.dialect))
+
+    def head_dim(self, user: str, value: Any, keys: Dict[str, Any]) -> None:
+        hidden = keys.get("hidden_size")
+        heads = next((keys[k] for k in ("num_heads", "num_attention_heads") if k in keys), None)
+        if value in _EMPTY:
+            return
+        if isinstance(hidden, int) and isinstance(heads, int) and heads and hidden // heads == value:
+            self.skip(user, K.MISC)
+        else:
+            self.errors.append(f"{user} = {value!r}: a head size other than hidden_size / num_heads "
+                               f"({hidden} / {heads}) is not implemented; remove it or make them agree")
+
+    def columns(self, user: str, value: Any) -> None:
+        if not isinstance(value, list) or "input_ids" not in value:
+            self.errors.append(f"{user} = {value!r}: must be a list holding 'input_ids' (the token column read; "
+                               "labels are the inputs shifted by one)")
+        else:
+            self.skip(user, K.LOADER)
+
+    def loader_type(self, user: str, value: Any, target: str) -> None:
+        if value in K.LOADERS_NOT_IMPLEMENTED:
+            self.errors.append(f"{user} = {value!r}: this data loader is not implemented here; use MindDataset "
+                               "(a MindRecord directory from scripts/preprocess_mindrecord.py) or set "
+                               f"{target} to text/jsonl with a dataset_dir")
+        else:
+            self.put(target, value, user)
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ graph mode
+def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
+    t = _Translation(GRAPH)
+    raw = copy.deepcopy(raw)
+    model_cfg = _get(raw, "model.model_config", None)
+    mc_own = list(lookup("model.model_config").fields)
+    leaves = list(_walk({k: v for k, v in raw.items() if k not in ("callbacks", "model")}, stop=_schema_field))
+    for path, value in leaves:
+        section = path.split(".")[0]
+        if path == "parallel.pipeline_config.pipeline_interleave" and isinstance(value, bool):
+            t.vpp_flag = value
+        elif lookup(path) is not None and not isinstance(lookup(path), Section):
+            reason = _match(path, K.GRAPH_NOT_APPLIED)
+            if reason is not None:
+                t.skip(path, reason)
+            t.put(path, value, path)
+        elif path in K.GRAPH_ALIASES:
+            target = K.GRAPH_ALIASES[path]
+            if path.endswith(".data_loader.type"):
+                t.loader_type(path, value, target)
+            elif path in ("optimizer.beta1", "optimizer.beta2"):
+                continue                                            # below, as one pair
+            elif value not in _EMPTY:
+                t.put(target, value, path)
+        elif path.endswith(".input_columns") and section in ("train_dataset", "eval_dataset"):
+            t.columns(path, value)
+        elif path == "do_eval":
+            if value is True:
+                t.do_eval = True
+            elif value is not False:
+                t.errors.append(f"do_eval = {value!r}: must be True or False")
+        elif path == "lr_schedule.power":
+            if value not in (1, 1.0):
+                t.errors.append(f"lr_schedule.power = {value!r}: only power 1.0 (linear decay to lr_end) is "
+                                "implemented for polynomial")
+            else:
+                t.skip(path, K.WRAPPER)
+        elif path == "parallel_config.expert_parallel" and value not in (1, None):
+            t.errors.append(f"parallel_config.expert_parallel = {value!r}: {K.MOE_MESSAGE}; set it to 1")
+        elif section == "moe_config" and path.endswith("expert_num") and isinstance(value, int) and value > 1:
+            t.errors.append(f"{path} = {value!r}: {K.MOE_MESSAGE}")
+        elif path == "runner_wrapper.use_clip_grad" and value is False:
+            t.put("runner_config.max_grad_norm", 0.0, path)
+        elif lookup(path) is None and lookup(path.rpartition(".")[0] or path) is not None \
+                and _match(path, K.GRAPH_NOT_APPLIED) is None:
+            _set(t.out, path, value)                                 # unknown: the schema check names it
+        elif _match(path, K.GRAPH_NOT_APPLIED) is not None:
+            t.skip(path, _match(path, K.GRAPH_NOT_APPLIED))
+        else:
+            _set(t.out, path, value)                                 # unknown section: the schema check names it
+    betas = [_get(raw, "optimizer.beta1", None), _get(raw, "optimizer.beta2", None)]
+    if any(b is not None for b in betas):
+        given = _get(raw, "optimizer.betas", None)
+        pair = [b if b is not None else d for b, d in zip(betas, given or [0.9, 0.95])]
+        if given is not None and list(given) != pair:
+            t.errors.append(f"optimizer.beta1/beta2 = {betas}: conflict with optimizer.betas = {given}; give one")
+        else:
+            t.given.pop("optimizer.betas", None)
+            t.put("optimizer.betas", pair, "optimizer.beta1" if betas[0] is not None else "optimizer.beta2")
+    # model: arch, model_config (own keys, aliases, checked, not applied)
+    model = raw.get("model")
+    if isinstance(model, dict):
+        for key in model:
+            if key not in ("arch", "model_config"):
+                _set(t.out, f"model.{key}", model[key])              # the schema check names it
+        arch = model.get("arch")
+        if isinstance(arch, dict):
+            for key, value in arch.items():
+                if key == "type":
+                    t.put("model.arch.type", value, "model.arch.type")
+                else:
+                    _set(t.out, f"model.arch.{key}", value)
+        elif arch is not None:
+            _set(t.out, "model.arch", arch)
+        if isinstance(model_cfg, dict):
+            t.model(model_cfg, "model.model_config.", mc_own)
+            if "arch" not in model or not isinstance(arch, dict) or "type" not in arch:
+                _resolve_arch(t, model_cfg.get("architectures"), model_cfg.get("model_type"),
+                              "model.model_config.architectures", "model.model_config.model_type")
+        elif model_cfg is not None:
+            _set(t.out, "model.model_config", model_cfg)
+    elif model is not None:
+        t.out["model"] = model
+    _callbacks(t, raw.get("callbacks", _MISSING))
+    if getattr(t, "do_eval", False):
+        _add_callback(t, "EvalCallBack", {"eval_interval": raw.get("eval_step_interval", 100)}, "do_eval")
+    # MindFormers' pipeline_interleave is a bool, model_config.pp_interleave_num the count
+    flag = getattr(t, "vpp_flag", None)
+    if flag is not None:
+        given = t.given.get("parallel.pipeline_config.pipeline_interleave")
+        count = given[1] if flag and given else 1
+        _set(t.out, "parallel.pipeline_config.pipeline_interleave", count)
+        t.report.origin["parallel.pipeline_config.pipeline_interleave"] = "parallel.pipeline_config.pipeline_interleave"
+        if isinstance(count, int) and count > 1 and \
+                _get(t.out, "parallel.pipeline_config.pipeline_scheduler", "1f1b") == "1f1b":
+            _set(t.out, "parallel.pipeline_config.pipeline_scheduler", "interleaved")
+    return t.out, t
+
+
+def _resolve_arch(t: _Translation, architectures: Any, model_type: Any, arch_key: str, type_key: str) -> None:
+    """``model.arch.type`` from HF-style ``architectures``/``model_type`` (the model registry's precedence)."""
+    from ..models import registered_models, resolve_model
+    archs = [architectures] if isinstance(architectures, str) else list(architectures or [])
+    if not archs and model_type in _EMPTY:
+        return
+    try:
+        spec = resolve_model(None, archs, None if model_type in _EMPTY else model_type)
+    except ValueError:
+        key, value = (arch_key, architectures) if archs else (type_key, model_type)
+        t.errors.append(f"{key} = {value!r}: not a registered model (registered: {registered_models()}; user "
+                        "models register with @register_model and load with --register_path)")
+        return
+    t.put("model.arch.type", spec.name, arch_key if archs else type_key)
+
+
+def _callbacks(t: _Translation, value: Any) -> None:
+    if value is _MISSING:
+        return
+    if not isinstance(value, list):
+        t.out["callbacks"] = value
+        return
+    own = set(lookup("callbacks").fields) if lookup("callbacks") is not None else set()
+    kept = []
+    for i, cb in enumerate(value):
+        if not isinstance(cb, dict):
+            kept.append(cb)
+            continue
+        kind = cb.get("type")
+        if kind in K.CALLBACKS_NOT_APPLIED:
+            t.skip(f"callbacks[{i}].type={kind}".replace("=", ": "), K.CALLBACKS_NOT_APPLIED[kind])
+            continue
+        entry = {}
+        for k, v in cb.items():
+            reason = _match(f"callbacks.{k}", K.GRAPH_NOT_APPLIED if t.report.dialect == GRAPH
+                            else {**K.GRAPH_NOT_APPLIED, **K.PYNATIVE_NOT_APPLIED})
+            if k in own:
+                entry[k] = v
+                if reason is not None:
+                    t.skip(f"callbacks[{i}].{k}", reason)
+            elif reason is not None:
+                t.skip(f"callbacks[{i}].{k}", reason)
+            else:
+                entry[k] = v                                          # the schema check names it
+        kept.append(entry)
+    t.out["callbacks"] = kept
+
+
+def _add_callback(t: _Translation, kind: str, fields: Dict[str, Any], user: str) -> None:
+    cbs = t.out.get("callbacks")
+    if cbs is None:
+        cbs = t.out["callbacks"] = [{"type": "MFLossMonitor"}]
+    if isinstance(cbs, list) and not any(isinstance(c, dict) and c.get("type") == kind for c in cbs):
+        cbs.append({"type": kind, **fields})
+        t.report.origin.setdefault("callbacks", "callbacks")
+
+
+# ------------------------------------------------------------------------------------------------ PyNative
+def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Translation]:
+    t = _Translation(PYNATIVE)
+    for path, value in _walk({k: v for k, v in raw.items() if k not in ("model", "callbacks", "eval_dataset",
+                                                                         "lora_config")}):
+        if path in K.PYNATIVE_ALIASES:
+            target = K.PYNATIVE_ALIASES[path]
+            if path == "train_dataset.dataloader.type":
+                t.loader_type(path, value, target)
+            elif path == "parallelism.data_parallel_shard" and value == -1:
+                continue                                           # derived below
+            elif path == "monitor.health_checkpoint.global_norm_skip_threshold" and lookup(target) is None:
+                t.skip(path, K.MONITOR)
+            elif value in _EMPTY and path in ("checkpoint.load_path", "train_dataset.dataloader.dataset_dir",
+                                              "train_dataset.dataloader.dataset_files"):
+                continue
+            else:
+                t.put(target, value, path)
+        elif path in ("training.global_batch_size", "checkpoint.enable_save", "checkpoint.save_interleaved_steps",
+                      "checkpoint.save_max", "checkpoint.prefix"):
+            continue                                               # below
+        elif path == "training.rampup_batch_size":
+            if value is not None:
+                t.errors.append(f"training.rampup_batch_size = {value!r}: batch-size ramp-up is not implemented; "
+                                "set it to null")
+        elif path == "train_dataset.dataloader.column_names":
+            t.columns(path, value)
+        elif path == "parallelism.expert_parallel":
+            if value not in (1, None):
+                t.errors.append(f"parallelism.expert_parallel = {value!r}: {K.MOE_MESSAGE}; set it to 1")
+            else:
+                t.skip(path, K.GRAPH_PARALLEL)
+        elif path == "recompute.mode":
+            mode = str(value).lower()
+            if mode in ("none", "full", "select"):
+                t.put("recompute_config.recompute" if mode != "select" else "recompute_config.select_recompute",
+                      mode != "none", path)
+            else:
+                t.errors.append(f"recompute.mode = {value!r}: must be one of ['None', 'full', 'select']")
+        elif _match(path, K.PYNATIVE_NOT_APPLIED) is not None:
+            t.skip(path, _match(path, K.PYNATIVE_NOT_APPLIED))
+        else:
+            t.errors.append(unknown(path, value, PYNATIVE))
+    if raw.get("lora_config") is not None:
+        t.errors.append(f"lora_config = {raw['lora_config']!r}: LoRA fine-tuning is not implemented; remove it")
+    if "eval_dataset" in raw:
+        t.out["eval_dataset"] = raw["eval_dataset"]                # our own section, schema-checked
+    model = raw.get("model")
+    if isinstance(model, dict):
+        names = ("model_type", "architectures")
+        t.model({k: v for k, v in model.items() if k not in names}, "model.",
+                [k for k in lookup("model.model_config").fields if k != "type"])
+        _resolve_arch(t, model.get("architectures"), model.get("model_type"), "model.architectures",
+                      "model.model_type")
+    elif model is not None:
+        t.errors.append(f"model = {model!r}: must be a mapping (model_type, architectures, sizes)")
+    _callbacks(t, raw.get("callbacks", _MISSING))
+    # checkpoint saving: CheckpointConfig.enable_save (default True) every save_interleaved_steps (1000)
+    ck = raw.get("checkpoint") if isinstance(raw.get("checkpoint"), dict) else {}
+    if ck.get("enable_save", True) is True and "checkpoint" in raw:
+        fields = {"save_checkpoint_steps": ck.get("save_interleaved_steps", 1000),
+                  "keep_checkpoint_max": ck.get("save_max", 5)}
+        if ck.get("prefix"):
+            fields["prefix"] = ck["prefix"]
+        _add_callback(t, "CheckpointMonitor", fields, "checkpoint.enable_save")
+        for ours, theirs in (("save_checkpoint_steps", "save_interleaved_steps"), ("keep_checkpoint_max", "save_max")):
+            t.report.origin.setdefault(f"callbacks.{ours}", f"checkpoint.{theirs}")
+    elif ck.get("enable_save", True) not in (True, False):
+        t.errors.append(f"checkpoint.enable_save = {ck['enable_save']!r}: must be True or False")
+    else:
+        for k in ("save_interleaved_steps", "save_max", "prefix"):
+            if k in ck:
+                t.skip(f"checkpoint.{k}", K.CHECKPOINT_IO)
+    # sizes: data parallel derived (-1), steps with epochs enough to reach them, global batch -> accumulation
+    pc = t.out.get("parallel_config", {})
+    tp, cp, pp = (int(pc.get(k, 1)) if isinstance(pc.get(k, 1), int) else 1
+                  for k in ("model_parallel", "context_parallel", "pipeline_stage"))
+    if "data_parallel" not in pc:
+        dp = max(1, worker_num // max(1, tp * cp * pp))
+        _set(t.out, "parallel_config.data_parallel", dp)
+    dp = _get(t.out, "parallel_config.data_parallel")
+    if "use_parallel" not in t.given:
+        _set(t.out, "use_parallel", worker_num > 1)
+    if "runner_config.max_steps" in t.given:
+        _set(t.out, "runner_config.epochs", 1_000_000)           # training.steps decides
+    else:
+        _set(t.out, "runner_config.max_steps", 1000)              # TrainingConfig.steps default
+        _set(t.out, "runner_config.epochs", 1_000_000)
+    gbs = _get(raw, "training.global_batch_size", _MISSING)
+    lbs = _get(t.out, "runner_config.batch_size", 1)
+    if gbs is not _MISSING:
+        if not isinstance(gbs, int) or isinstance(gbs, bool) or gbs < 1:
+            t.errors.append(f"training.global_batch_size = {gbs!r}: must be an int >= 1")
+        elif isinstance(lbs, int) and isinstance(dp, int) and lbs > 0 and dp > 0:
+            if gbs % (lbs * dp):
+                t.errors.append(f"training.global_batch_size = {gbs}: must be a multiple of training.local_batch_size "
+                                f"{lbs} x data parallel {dp} (= {lbs * dp}; the rest are accumulation steps or "
+                                "pipeline micro-batches)")
+            else:
+                k = gbs // (lbs * dp)
+                _set(t.out, "parallel_config.micro_batch_num" if pp > 1 else
+                     "runner_config.gradient_accumulation_steps", k)
+                t.report.origin["parallel_config.micro_batch_num" if pp > 1 else
+                                "runner_config.gradient_accumulation_steps"] = "training.global_batch_size"
+    return t.out, t
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+def translate(raw: Dict[str, Any], worker_num: int = 1, dialect: Optional[str] = None
+              ) -> Tuple[Dict[str, Any], Report, List[str]]:
+    """``(schema-dialect mapping, report, errors)`` for a raw YAML mapping of either dialect."""
+    dialect = dialect or detect(raw)
+    out, t = _pynative(raw, worker_num) if dialect == PYNATIVE else _graph(raw)
+    return out, t.report, t.errors
+
+
+def override_known(path: str, dialect: str) -> bool:
+    """Whether an override ``--path`` names a key of ``dialect`` (the schema's, or the table's)."""
+    if dialect == GRAPH and lookup(path) is not None:
+        return True
+    return path in known_paths(dialect) or any(p.startswith(path + ".") for p in known_paths(dialect)) or \
+        _match(path, K.GRAPH_NOT_APPLIED if dialect == GRAPH else K.PYNATIVE_NOT_APPLIED) is not None
+
+
+def table_markdown() -> str:
+    """docs/config.md's dialect tables, generated from :mod:`.mindformers_keys`."""
+    out = ["### Graph-mode keys read into the schema's keys (applied)", "",
+           "| key in the file | read as |", "|---|---|"]
+    out += [f"| `{k}` | `{v}` |" for k, v in K.GRAPH_ALIASES.items()]
+    out += [f"| `model.model_config.{k}` | `model.model_config.{v}`{' (negated)' if k in K.NEGATED else ''} |"
+            for k, v in K.MODEL_ALIASES.items()]
+    out += ["", "### PyNative TrainConfig keys (applied)", "", "| key in the file | read as |", "|---|---|"]
+    out += [f"| `{k}` | `{v}` |" for k, v in K.PYNATIVE_ALIASES.items()]
+    out += ["| `training.global_batch_size` | `runner_config.gradient_accumulation_steps` (pipeline: "
+            "`parallel_config.micro_batch_num`) = global / (local_batch_size x data parallel) |",
+            "| `parallelism.data_parallel_shard: -1` | data parallel = workers / (tp x cp x pp) |",
+            "| `checkpoint.enable_save`, `save_interleaved_steps`, `save_max`, `prefix` | a `CheckpointMonitor` |",
+            "| `recompute.mode` | `none` / `full` (`recompute_config.recompute`) / `select` |",
+            "| `model.model_type`, `model.architectures` | `model.arch.type` (the model registry) |",
+            "| `model.<name>` | as `model.model_config.<name>` (its own names and the aliases above) |"]
+    out += ["", "### Values read as the schema's", "", "| key | value in the file | read as |", "|---|---|---|"]
+    out += [f"| `{k}` | `{a}` | `{b}` |" for k, m in K.VALUE_ALIASES.items() for a, b in m.items()]
+    out += ["", "### Model keys accepted only with one value (else a named error)", "",
+            "| key | accepted | otherwise |", "|---|---|---|"]
+    out += [f"| `{k}` | {', '.join(repr(v) for v in ok)} | {why} |" for k, (ok, why) in K.MODEL_CHECKED.items()]
+    out += [f"| `{k}` | hidden_size / num_heads | a head size other than hidden_size / num_heads is not implemented |"
+            for k in K.MODEL_HEAD_DIM]
+    out += [f"| MoE keys ({', '.join(f'`{k}`' for k in K.MOE_MODEL_KEYS[:6])}, ...), `moe_config.expert_num` > 1, "
+            f"`expert_parallel` > 1 | absent / 1 expert | {K.MOE_MESSAGE} |",
+            f"| `data_loader.type` / `dataloader.type` | MindDataset | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "
+            "not implemented |"]
+    out += ["", "### Known to MindFormers, not applied here (accepted, listed at start-up)", "",
+            "| key | why |", "|---|---|"]
+    model_na = {f"model.model_config.{k}": v for k, v in K.MODEL_NOT_APPLIED.items()}
+    rows: Dict[str, List[str]] = {}
+    for table, dialect in ((K.GRAPH_NOT_APPLIED, "graph"), (model_na, "graph"), (K.PYNATIVE_NOT_APPLIED, "PyNative"),
+                           ({f"callbacks: type {k}": v for k, v in K.CALLBACKS_NOT_APPLIED.items()}, "graph")):
+        for k, reason in table.items():
+            rows.setdefault(f"{reason} ({dialect})", []).append(f"`{k}`")
+    out += [f"| {', '.join(keys)} | {reason} |" for reason, keys in rows.items()]
+    return "\n".join(out) + "\n"

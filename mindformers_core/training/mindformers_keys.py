@@ -1,0 +1,254 @@
+"""The MindFormers key table: every key of MindFormers' two YAML dialects that is not one of our schema's
+own keys, and what happens to it here — read into a schema key (*applied*), accepted and listed once as
+*not applied on CPU*, or refused with a named error (a feature not implemented). Keys in neither the
+schema nor this table are typos: refused with the closest known key.
+
+Source (read, not copied): the public MindFormers repository ``mindspore-ai/mindformers`` at commit
+167a50dec750bf8ea0b03f1dabf2818c28747a5a (2026-07-24): ``mindformers/pynative/config/config.py``
+(the PyNative ``TrainConfig`` dataclasses: ``training``, ``parallelism``, ``checkpoint``,
+``lr_scheduler``, ``train_dataset.dataloader``, ``model``, ``monitor``, ``profiler``, ``recompute``,
+``swap``), ``run_mindformer.py``, ``configs/`` and ``research/`` YAMLs (graph-mode dialect), and
+``configs/llama2``/``configs/gpt2`` as they stood before their removal (commits 80b61f56, a025f9f3).
+The files used as test data are listed in ``tests/data/mindformers_configs/README.md``.
+
+Patterns are dotted paths; ``a.b.*`` means ``a.b`` and everything under it; ``callbacks.x`` is a key
+of any callbacks entry. Model keys (``MODEL_*``) apply under ``model.model_config.`` (graph mode)
+and ``model.`` (PyNative).
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+# ---------------------------------------------------------------------------------------------------
+# Why a key is not applied: one short label per group, as the start-up summary prints them.
+ASCEND = "Ascend/graph-mode context"
+GRAPH_PARALLEL = "graph-mode parallel context and strategy files"
+PROFILER = "profiling"
+INFERENCE = "inference, generation and tokenizer ids"
+KERNELS = "fused kernels, weight layout and per-op precision"
+WRAPPER = "loss scaling and the training wrapper"
+LOADER = "dataset loader tuning"
+MONITOR = "monitoring"
+CHECKPOINT_IO = "checkpoint I/O tuning"
+MISC = "other Ascend/MindFormers-only features"
+REGULARISATION = "dropout and initialisation"
+
+# ---------------------------------------------------------------------------------------------------
+# Model keys (HF / mcore / MindFormers model_config names). name -> schema key under model.model_config
+MODEL_ALIASES: Dict[str, str] = {
+    "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads", "num_key_value_heads": "n_kv_heads",
+    "multi_query_group_num": "n_kv_heads", "intermediate_size": "ffn_hidden_size",
+    "params_dtype": "param_init_dtype", "param_init_type": "param_init_dtype", "padded_vocab_size": "vocab_size",
+    "theta": "rope_theta", "rotary_emb_base": "rope_theta", "layernorm_epsilon": "rms_norm_eps",
+    "max_position_embedding": "max_position_embeddings", "qkv_has_bias": "add_qkv_bias",
+    "attention_bias": "add_qkv_bias", "untie_embeddings_and_output_weights": "tie_word_embeddings",
+}
+NEGATED = {"untie_embeddings_and_output_weights"}      # value read as `not value`
+
+# name -> (values accepted, the error when another value is given); accepted values are listed as not applied
+MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
+    "qk_layernorm": ((False, None), "q/k normalisation (Qwen3-style qk_layernorm) is not implemented; set it to False"),
+    "multi_latent_attention": ((False, None), "multi-latent attention (MLA) is not implemented; set it to False"),
+    "add_bias_linear": ((False, None), "biases on every linear layer are not implemented for this model (QKV bias "
+                                       "is: add_qkv_bias / qkv_has_bias); set it to False"),
+    "position_embedding_type": (("rope", None), "only 'rope' position embeddings are implemented"),
+    "rotary_pct": ((1, 1.0, None), "partial rotary embeddings are not implemented; set it to 1.0"),
+    "rotary_percent": ((1, 1.0, None), "partial rotary embeddings are not implemented; set it to 1.0"),
+    "rope_ratio": ((1, 1.0, None), "scaled rotary bases (rope_ratio) are not implemented; set it to 1"),
+    "rmsnorm": ((True, None), "only RMSNorm models are implemented for this family; set it to True"),
+    "post_layer_norm": ((True, None), "a final norm is always applied; set it to True"),
+    "apply_residual_connection_post_layernorm": ((False, None), "post-norm residuals are not implemented; "
+                                                                "set it to False"),
+    "num_nextn_predict_layers": ((0, None), "multi-token prediction (MTP) is not implemented; set it to 0"),
+    "extend_method": (("None", None), "long-context RoPE extension (PI/NTK) is not implemented; set it to 'None'"),
+    "scaling_factor": ((1, 1.0, None), "RoPE scaling is not implemented; set it to 1.0"),
+    "pre_seq_len": (("None", None, 0), "prefix tuning is not implemented; set it to None"),
+    "quantization_bit": ((0, None), "quantized training is not implemented; set it to 0"),
+    "use_past": ((False, None), "incremental inference (use_past) is not implemented; set it to False"),
+}
+
+MODEL_NOT_APPLIED: Dict[str, str] = dict(
+    **{k: INFERENCE for k in ("batch_size", "use_past_shard", "top_k", "top_p", "do_sample", "repetition_penalty",
+                              "max_decode_length", "checkpoint_name_or_path", "bos_token_id", "eos_token_id",
+                              "pad_token_id", "ignore_token_id", "use_cache", "is_dynamic", "block_size",
+                              "num_blocks", "use_pad_tokens")},
+    **{k: KERNELS for k in ("layernorm_compute_type", "layernorm_compute_dtype", "softmax_compute_type",
+                            "softmax_compute_dtype", "rotary_dtype", "fp32_residual_connection",
+                            "attention_softmax_in_fp32", "qkv_concat", "mlp_concat", "use_attn_mask_compression",
+                            "use_eod_attn_mask_compression", "use_contiguous_weight_layout_attention",
+                            "input_sliced_sig", "apply_rope_fusion", "bias_swiglu_fusion", "bias_dropout_fusion",
+                            "use_prompt_flash_attention", "fine_grain_interleave", "mla_qkv_concat",
+                            "apply_query_key_layer_scaling", "gated_linear_unit", "multi_query_attention",
+                            "init_method_std")},
+    **{k: REGULARISATION for k in ("hidden_dropout", "attention_dropout", "emb_dropout_prob",
+                                   "hidden_dropout_rate", "attention_dropout_rate", "initializer_range")},
+    **{k: MISC for k in ("multiple_of", "expand_ratio", "prefix_projection", "mtp_loss_factor",
+                         "mtp_loss_scaling_factor", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                         "qk_nope_head_dim", "v_head_dim", "rotary_scaling_factor", "beta_fast", "beta_slow",
+                         "mscale", "mscale_all_dim", "model_type", "architectures")},
+)
+# head_dim / kv_channels: accepted when equal to hidden_size / num_heads (checked in dialects.py)
+MODEL_HEAD_DIM = ("head_dim", "kv_channels")
+
+# Mixture-of-experts keys: refused together (one line) until MoE lands; `expert_num`/`n_routed_experts` <= 1 is dense.
+MOE_MODEL_KEYS = ("moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+                  "first_k_dense_replace", "routed_scaling_factor", "scoring_func", "norm_topk_prob", "topk_group",
+                  "n_group", "router_dense_type", "moe_grouped_gemm", "moe_router_load_balancing_type",
+                  "moe_aux_loss_coeff", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
+                  "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_token_drop_policy",
+                  "use_fused_ops_topkrouter", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+MOE_SETTINGS_ONLY = ("router_dense_type", "moe_grouped_gemm", "use_fused_ops_topkrouter", "moe_token_dispatcher_type")
+MOE_MESSAGE = ("mixture of experts is not implemented yet; remove the MoE keys (a dense model) or wait for the "
+               "MoE support")
+
+# ---------------------------------------------------------------------------------------------------
+# Graph-mode dialect: user path -> schema path (applied; value transforms in dialects.py)
+GRAPH_ALIASES: Dict[str, str] = {
+    "optimizer.beta1": "optimizer.betas", "optimizer.beta2": "optimizer.betas",
+    "train_dataset.data_loader.type": "train_dataset.type",
+    "train_dataset.data_loader.dataset_dir": "train_dataset.dataset_dir",
+    "train_dataset.data_loader.shuffle": "train_dataset.shuffle",
+    "eval_dataset.data_loader.type": "eval_dataset.type",
+    "eval_dataset.data_loader.dataset_dir": "eval_dataset.dataset_dir",
+    "processor.tokenizer.vocab_file": "train_dataset.tokenizer_file",
+    "model.model_config.pp_interleave_num": "parallel.pipeline_config.pipeline_interleave",
+    "parallel.parallel_optimizer_config.parallel_optimizer_threshold": "hsdp.threshold",
+    "parallel.parallel_optimizer_config.optimizer_weight_shard_size": "hsdp.shard_size",
+    "runner_wrapper.max_grad_norm": "runner_config.max_grad_norm",
+}
+# Graph-mode keys checked for a value (input_columns, do_eval, ... have their own code in dialects.py)
+GRAPH_SPECIAL = ("train_dataset.input_columns", "eval_dataset.input_columns", "do_eval", "lr_schedule.power",
+                 "parallel_config.expert_parallel", "moe_config.*", "runner_wrapper.use_clip_grad")
+
+GRAPH_NOT_APPLIED: Dict[str, str] = {
+    **{f"context.{k}": ASCEND for k in (
+        "max_call_depth", "max_device_memory", "save_graphs", "save_graphs_path", "device_id", "jit_config.*",
+        "memory_optimize_level", "mempool_block_size", "ascend_config.*", "runtime_num_threads",
+        "enable_graph_kernel", "graph_kernel_flags", "affinity_cpu_list", "deterministic", "pynative_synchronize",
+        "enable_compile_cache", "compile_cache_path", "variable_memory_max_size", "max_swap_device_memory")},
+    **{f"parallel.{k}": GRAPH_PARALLEL for k in (
+        "parallel_mode", "gradients_mean", "enable_alltoall", "full_batch", "search_mode", "strategy_ckpt_save_file",
+        "strategy_ckpt_load_file", "strategy_ckpt_config.*", "dataset_strategy", "loss_repeated_mean",
+        "parallel_optimizer_config.gradient_accumulation_shard", "enable_parallel_optimizer_overlap",
+        "auto_parallel_search_mode")},
+    **{k: GRAPH_PARALLEL for k in ("src_strategy_path_or_dir", "only_save_strategy", "transform_process_num",
+                                   "micro_batch_interleave_num", "load_ckpt_format", "load_ckpt_async",
+                                   "parallel_config.context_parallel_algo", "parallel_config.ulysses_degree_in_cp",
+                                   "parallel_config.gradient_aggregation_group", "parallel_config.vocab_emb_dp")},
+    **{k: PROFILER for k in ("profile", "profile_start_step", "profile_stop_step", "init_start_profile",
+                             "profile_communication", "profile_memory", "profile_rank_ids", "profile_pipeline",
+                             "profile_level", "profile_output", "auto_tune", "filepath_prefix", "autotune_per_step")},
+    **{k: WRAPPER for k in ("runner_wrapper.type", "runner_wrapper.scale_sense", "runner_wrapper.scale_sense.*",
+                            "runner_wrapper.local_norm", "runner_wrapper.calculate_per_token_loss",
+                            "runner_wrapper.use_skip_data_by_global_norm", "runner_config.sink_mode",
+                            "runner_config.sink_size", "optimizer.swap", "lr_schedule.warmup_lr_init",
+                            "lr_schedule.decay_steps")},
+    **{k: MISC for k in ("trainer.*", "metric.*", "layer_scale", "layer_decay", "lr_scale", "lr_scale_factor",
+                         "remote_save_url", "use_legacy", "pretrained_model_dir", "train_precision_sync",
+                         "infer_precision_sync", "trust_remote_code", "checkpoint.*", "model.arch.*",
+                         "model.model_config.type", "parallel_config.expert_parallel", "moe_config.*",
+                         "runner_wrapper.use_clip_grad")},
+    **{k: INFERENCE for k in ("processor.*", "predict_batch_size", "input_data", "adapter_id")},
+    **{f"{d}.{k}": LOADER for d in ("train_dataset", "eval_dataset") for k in (
+        "input_columns", "output_columns", "construct_args_key", "python_multiprocessing", "repeat", "numa_enable",
+        "prefetch_size", "batch_size", "seed", "pad_token_id", "dynamic_batch", "data_loader.*",
+        "num_parallel_workers", "drop_remainder")},
+    **{k: LOADER for k in ("train_dataset_task.*", "eval_dataset_task.*", "eval_step_interval",
+                           "eval_epoch_interval", "do_eval")},
+    **{f"callbacks.{k}": CHECKPOINT_IO for k in (
+        "integrated_save", "async_save", "checkpoint_format", "save_network_params", "save_trainable_params",
+        "remove_redundancy", "embedding_local_norm_threshold", "save_checkpoint_seconds",
+        "keep_checkpoint_per_n_minutes", "append_info", "directory", "prefix")},
+    **{f"recompute_config.{k}": KERNELS for k in ("mp_comm_recompute", "parallel_optimizer_comm_recompute")},
+}
+# Callback types MindFormers has that do nothing here (their entries are dropped and listed)
+CALLBACKS_NOT_APPLIED: Dict[str, str] = {
+    "ObsMonitor": MONITOR, "SummaryMonitor": MONITOR, "TrainingStateMonitor": MONITOR, "ProfileMonitor": PROFILER,
+    "TopkBiasBalanceCallback": MISC, "StressDetectCallBack": MONITOR, "ColdHotExpertMonitor": MISC,
+    "MaxLogitsMonitor": MONITOR, "TrainFaultTolerance": MISC,
+}
+
+# ---------------------------------------------------------------------------------------------------
+# PyNative TrainConfig dialect: user path -> schema path (applied)
+PYNATIVE_ALIASES: Dict[str, str] = {
+    "training.steps": "runner_config.max_steps", "training.local_batch_size": "runner_config.batch_size",
+    "training.max_norm": "runner_config.max_grad_norm", "training.seed": "seed",
+    "parallelism.tensor_parallel": "parallel_config.model_parallel",
+    "parallelism.context_parallel": "parallel_config.context_parallel",
+    "parallelism.pipeline_parallel": "parallel_config.pipeline_stage",
+    "parallelism.pipeline_parallel_schedule": "parallel.pipeline_config.pipeline_scheduler",
+    "parallelism.pipeline_parallel_interleave_num": "parallel.pipeline_config.pipeline_interleave",
+    "parallelism.pipeline_parallel_layers_per_stage": "parallel.pipeline_config.layers_per_stage",
+    "parallelism.sequence_parallel": "parallel_config.use_seq_parallel",
+    "parallelism.data_parallel_shard": "parallel_config.data_parallel",
+    "lr_scheduler.type": "lr_schedule.type", "lr_scheduler.learning_rate": "lr_schedule.learning_rate",
+    "lr_scheduler.warmup_steps": "lr_schedule.warmup_steps", "lr_scheduler.warmup_ratio": "lr_schedule.warmup_ratio",
+    "lr_scheduler.lr_end": "lr_schedule.lr_end", "lr_scheduler.total_steps": "lr_schedule.total_steps",
+    "optimizer.type": "optimizer.type", "optimizer.betas": "optimizer.betas", "optimizer.eps": "optimizer.eps",
+    "optimizer.weight_decay": "optimizer.weight_decay", "optimizer.learning_rate": "optimizer.learning_rate",
+    "train_dataset.dataloader.type": "train_dataset.type",
+    "train_dataset.dataloader.dataset_dir": "train_dataset.dataset_dir",
+    "train_dataset.dataloader.dataset_files": "train_dataset.dataset_dir",
+    "train_dataset.dataloader.shuffle": "train_dataset.shuffle",
+    "train_dataset.tokenizer_file": "train_dataset.tokenizer_file",
+    "train_dataset.drop_remainder": "train_dataset.drop_remainder",
+    "train_dataset.num_parallel_workers": "train_dataset.num_parallel_workers",
+    "checkpoint.load_path": "load_checkpoint",
+    "context.mode": "context.mode", "context.device_target": "context.device_target",
+    "swap.enable": "swap_config.swap", "swap.default_prefetch": "swap_config.default_prefetch",
+    "swap.layer_swap": "swap_config.layer_swap", "swap.op_swap": "swap_config.op_swap",
+    "monitor.health_checkpoint.global_norm_skip_threshold": "runner_config.global_norm_skip_threshold",
+    # our own top-level keys, the same in both dialects
+    "output_dir": "output_dir", "run_mode": "run_mode", "use_parallel": "use_parallel",
+    "resume_training": "resume_training", "load_checkpoint": "load_checkpoint", "seed": "seed",
+    "auto_trans_ckpt": "auto_trans_ckpt", "overwrite_output_dir": "overwrite_output_dir",
+}
+# PyNative keys with their own code in dialects.py (batch sizes, checkpoint saving, model class, recompute, ...)
+PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", "checkpoint.enable_save",
+                    "checkpoint.save_interleaved_steps", "checkpoint.save_max", "checkpoint.prefix",
+                    "train_dataset.dataloader.column_names", "parallelism.expert_parallel", "recompute.mode",
+                    "lora_config", "lora_config.*", "callbacks", "callbacks.*", "eval_dataset", "eval_dataset.*",
+                    "model", "model.*")
+
+PYNATIVE_NOT_APPLIED: Dict[str, str] = {
+    **{f"parallelism.{k}": GRAPH_PARALLEL for k in (
+        "data_parallel_shard_strategy", "reshard_after_forward_policy", "cpu_offload", "disable_gradient_division",
+        "dense_fsdp_shard_size", "context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp",
+        "context_parallel_mask_type", "pipeline_parallel_microbatch_size", "pipeline_parallel_overlap_p2p",
+        "pipeline_parallel_overlap_b_f", "pipeline_parallel_enable_dxdw_split", "pipeline_parallel_p2p_transport",
+        "enable_mc2", "enable_loss_parallel", "npu_nums_per_device", "moe_token_dispatcher_type",
+        "expert_parallel_async_d2h", "expert_parallel_use_safe_tokens")},
+    "training.deterministic": MISC,
+    **{f"checkpoint.{k}": CHECKPOINT_IO for k in (
+        "save_path", "no_save_optim", "async_save", "remove_redundancy", "load_balanced", "no_load_optim",
+        "load_worker_number", "save_global_layout_cache", "reshard_worker_num")},
+    "optimizer.weight_decay_include": MISC, "optimizer.weight_decay_exclude": MISC,
+    "lr_scheduler.warmup_lr_init": WRAPPER, "lr_scheduler.decay_steps": WRAPPER,
+    **{f"train_dataset.{k}": LOADER for k in ("prefetch_size", "numa_enable", "use_distribute_dataset",
+                                              "dataloader.python_multiprocessing", "dataloader.column_names",
+                                              "dataloader.*")},
+    "monitor.*": MONITOR, "profiler.*": PROFILER,
+    **{f"context.{k}": ASCEND for k in ("max_device_memory", "device_id", "jit_config.*", "ascend_config.*",
+                                        "max_call_depth", "memory_optimize_level", "deterministic")},
+    "recompute.full_recompute_layer": KERNELS, "recompute.select_module": KERNELS, "recompute.exclude_op": KERNELS,
+    "recompute_comm.*": KERNELS, "pretrained_model_dir": MISC, "trust_remote_code": MISC,
+    "callbacks.param": MISC,
+}
+
+# Value names MindFormers uses for what the schema calls otherwise (read as the schema's value)
+VALUE_ALIASES: Dict[str, Dict[object, object]] = {
+    "optimizer.type": {"AdamWeightDecay": "AdamW", "FP32StateAdamWeightDecay": "AdamW",
+                       "FusedAdamWeightDecay": "AdamW", "adamw": "AdamW", "AdamWeightDecayX": "AdamW"},
+    "lr_schedule.type": {"polynomial": "LinearWithWarmUpLR", "PolynomialWithWarmUpLR": "LinearWithWarmUpLR",
+                         "linear": "LinearWithWarmUpLR", "cosine": "CosineWithWarmUpLR",
+                         "constant_with_warmup": "ConstantWarmUpLR"},
+    "model.model_config.hidden_act": {"fusedswiglu": "swiglu", "fast_gelu": "gelu"},
+    "parallel.pipeline_config.pipeline_scheduler": {"zero_bubble_v": "zbv", "zbv": "zbv", "1F1B": "1f1b",
+                                                    "GPipe": "gpipe", "gpipe": "gpipe",
+                                                    "interleaved_1f1b": "interleaved"},
+    "train_dataset.type": {"MindDataset": "mindrecord"},
+    "eval_dataset.type": {"MindDataset": "mindrecord"},
+}
+# Data loader types MindFormers has that are not read here: refused with what to use instead
+LOADERS_NOT_IMPLEMENTED = ("BlendedMegatronDatasetDataLoader", "CommonDataLoader", "HFDataLoader", "SFTDataLoader",
+                           "MultiSourceDataLoader", "ADGenDataLoader", "TrainingDataLoader")
