@@ -49,10 +49,14 @@ def _group_name(ranks: Tuple[int, ...]) -> str:
     return f"mfc_{len(ranks)}_{hashlib.sha1(text.encode()).hexdigest()[:16]}"
 
 
-def new_group(ranks: Sequence[int]) -> ProcessGroup:
-    """The group of ``ranks`` (global ranks, in group order); the caller must be a member."""
+def new_group(ranks: Sequence[int], tag: str = "") -> ProcessGroup:
+    """The group of ``ranks`` (global ranks, in group order); the caller must be a member.
+    A non-empty ``tag`` gives a separate communicator over the same ranks (its collectives are
+    ordered independently of the untagged group's: e.g. the context-parallel ring's hops)."""
     env = get_env()
     key = tuple(int(r) for r in ranks)
+    if tag:
+        return _tagged_group(key, tag)
     if not key:
         raise ValueError("new_group: ranks must not be empty")
     if len(set(key)) != len(key):
@@ -76,6 +80,23 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
         group = ProcessGroup(name, key, env.rank)
     _GROUPS[key] = group
     return group
+
+
+def _tagged_group(key: Tuple[int, ...], tag: str) -> ProcessGroup:
+    env = get_env()
+    if env.rank not in key or len(set(key)) != len(key):
+        raise ValueError(f"new_group: rank {env.rank} must be a member of ranks={list(key)} (no duplicates)")
+    cache_key = key + (tag,)
+    cached = _GROUPS.get(cache_key)
+    if cached is None:
+        if len(key) == 1:
+            cached = ProcessGroup("", key, env.rank)
+        else:
+            name = f"{_group_name(key)}_{tag}"
+            create_group(name, list(key))
+            cached = ProcessGroup(name, key, env.rank)
+        _GROUPS[cache_key] = cached
+    return cached
 
 
 def world_group() -> ProcessGroup:

@@ -23,6 +23,7 @@ from .annotations import (annotate_parameter, grad_axes_of, layout_of, set_shard
 from .boundary import Passthrough, Redistribute, ShardedCall, wrap_root
 from .dtensor import device_mesh_of
 from .layout import Layout, as_layout
+from .context_parallel import ContextParallelAttention, cp_groups
 from .local_kernels import VocabParallelCrossEntropyKernel, VocabParallelLookup
 from .propagation import PlanError, ShardingPlan, collect_declarations, propagate
 from .styles import plan_declarations
@@ -58,13 +59,16 @@ def mesh_layout(config=None, mesh=None) -> Layout:
 
 
 def default_input_layouts(graph: Graph, mesh: Layout) -> List[Layout]:
-    """Batch (dim 0) over "dp" when the mesh has it, the rest replicated."""
+    """Batch (dim 0) over "dp" and, for inputs of 2+ dims, the sequence (dim 1) over "cp" when the
+    mesh has them (context parallelism: tokens in storage order), the rest replicated."""
     out = []
     for tid in graph.inputs:
         nd = len(graph.shape(tid))
         dims = ["None"] * nd
         if nd and "dp" in mesh.alias_name and mesh.axis_size("dp") > 1:
             dims[0] = "dp"
+        if nd >= 2 and "cp" in mesh.alias_name and mesh.axis_size("cp") > 1:
+            dims[1] = "cp"
         out.append(mesh(*dims))
     return out
 
@@ -129,7 +133,8 @@ def _check_executable(plan: ShardingPlan) -> None:
         if res.local is not None and node.cell is None:
             raise PlanError(f"{node.describe()} needs the local kernel {res.local.name!r}, which only runs "
                             f"for an atomic Cell (a Cell with `sharding_op`); move the op into one")
-        if res.local is not None and res.local.name not in ("vocab_parallel_lookup", "vocab_parallel_cross_entropy"):
+        if res.local is not None and res.local.name not in ("vocab_parallel_lookup", "vocab_parallel_cross_entropy",
+                                                            "context_parallel_attention"):
             raise PlanError(f"{node.describe()}: local kernel {res.local.name!r} is not implemented")
     for name, layout in plan.param_layouts.items():
         if layout.partial:
@@ -218,6 +223,17 @@ def _local_kernel(plan: ShardingPlan, call, rank: int) -> Optional[nn.Cell]:
         group = device_mesh_of(layout).get_group(tuple(local.attrs["vocab_axes"]))
         return VocabParallelCrossEntropyKernel(group, start, local.attrs["local_vocab_size"],
                                          node.attrs.get("reduction", "mean"))
+    if local.name == "context_parallel_attention":
+        a = local.attrs
+        layout = res.inputs[0]
+        ring, ulysses = cp_groups(device_mesh_of(layout), a["seq_axes"], a["algorithm"], a["ulysses_degree"], rank)
+        scale = getattr(call.cell, "scale", None)
+        if scale is None:
+            raise PlanError(f"{node.describe()}: the attention Cell needs a `scale` attribute (1/sqrt(head_dim))")
+        if getattr(call.cell, "use_dropout", False):
+            raise PlanError(f"{node.describe()}: attention_dropout > 0 is not supported with context parallelism")
+        return ContextParallelAttention(call.cell, ring, ulysses, a["local_q"], a["local_kv"], scale,
+                                        a["load_balance"])
     raise PlanError(f"{node.describe()}: local kernel {local.name!r} is not implemented")
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from ..common.sequence_placement import causal_mask_array
 from .config import TransformerConfig
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .rotary import RotaryEmbedding
@@ -21,25 +22,41 @@ from .rotary import RotaryEmbedding
 MASK_VALUE = -1.0e9
 
 
-def causal_mask(seq_length: int) -> Tensor:
-    """Additive float32 mask (1, 1, s, s): 0 on and below the diagonal, -1e9 above."""
-    upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=1)
-    return Tensor((upper * MASK_VALUE)[None, None])
+def causal_mask(seq_length: int, positions=None) -> Tensor:
+    """Additive float32 mask (1, 1, s, s): -1e9 where the key's position is after the query's
+    (above the diagonal for the default positions 0..s-1), 0 elsewhere."""
+    pos = np.arange(seq_length) if positions is None else positions
+    return Tensor(causal_mask_array(pos, MASK_VALUE)[None, None])
 
 
 class DotProductAttention(nn.Cell):
     """softmax(q k^T / sqrt(d) + causal mask) v for q (b, n, s, d) and k, v (b, g, s, d) with
-    g key/value heads (each shared by n // g query heads); returns (b, s, n * d)."""
+    g key/value heads (each shared by n // g query heads); returns (b, s, n * d).
+
+    One op for the sharding pass (``scaled_dot_product_attention``): heads may be split (tensor
+    parallel); a sequence split over ``cp`` runs the context-parallel kernel instead (ring,
+    Ulysses or hybrid, from ``config.context_parallel_algo``)."""
+    sharding_op = "scaled_dot_product_attention"
+    sharding_params = ()
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.repeat = config.num_attention_heads // config.query_groups
         self.scale = 1.0 / math.sqrt(config.head_dim)
-        self.mask = causal_mask(config.seq_length)
+        self.mask = causal_mask(config.seq_length, config.token_positions())
+        self.cp_attrs = {"causal": True, "seq_axis": "cp", "algorithm": config.context_parallel_algo,
+                         "ulysses_degree": config.ulysses_degree_in_cp,
+                         "load_balance": config.context_parallel_load_balance}
         self.compute_dtype = config.ms_compute_dtype
         self.low_precision = config.compute_dtype != "float32"   # softmax in float32 either way
         self.dropout_p = config.attention_dropout
         self.use_dropout = config.attention_dropout > 0
+
+    def sharding_attrs(self) -> dict:
+        return dict(self.cp_attrs)
+
+    def shard(self, config: TransformerConfig):
+        return None, None, None
 
     def construct(self, q, k, v):
         b, s = q.shape[0], q.shape[2]

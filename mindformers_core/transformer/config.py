@@ -12,6 +12,9 @@ from typing import Optional
 
 import mindspore as ms
 
+from ..common.sequence_placement import normalize_algorithm, storage_positions
+from ..common.sequence_placement import problems as cp_problems
+
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 ACTIVATIONS = ("swiglu", "gelu")
@@ -49,12 +52,15 @@ class TransformerConfig:
     layernorm_epsilon: float = 1e-5
     tie_word_embeddings: bool = False
     add_bias_linear: bool = False
+    add_qkv_bias: bool = False                     # biases on q/k/v only (Qwen2.5); add_bias_linear implies them
     params_dtype: str = "float32"
     compute_dtype: str = "float32"
     data_parallel_size: int = 1
-    add_qkv_bias: bool = False                     # biases on q/k/v only (Qwen2.5); add_bias_linear implies them
     tensor_model_parallel_size: int = 1
     context_parallel_size: int = 1
+    context_parallel_algo: str = "colossal"        # colossal (ring) | ulysses | hybrid (MindFormers' names)
+    ulysses_degree_in_cp: Optional[int] = None     # hybrid: Ulysses group size inside cp
+    context_parallel_load_balance: bool = True     # causal ring: rank i holds chunks i and 2*ring-1-i
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
@@ -64,6 +70,10 @@ class TransformerConfig:
             self.ffn_hidden_size = 4 * self.hidden_size if _is_int(self.hidden_size) else None
         self._check_sizes()
         self._check_choices()
+        try:
+            self.context_parallel_algo = normalize_algorithm(self.context_parallel_algo)
+        except ValueError as e:
+            _fail("context_parallel_algo", self.context_parallel_algo, str(e).split(": ", 1)[1])
         self._check_divisibility()
         self._check_dtypes()
 
@@ -89,7 +99,8 @@ class TransformerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
                 _fail(name, v, "must be a number > 0")
-        for name in ("tie_word_embeddings", "add_bias_linear", "sequence_parallel"):
+        for name in ("tie_word_embeddings", "add_bias_linear", "sequence_parallel",
+                     "context_parallel_load_balance"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "must be true or false")
 
@@ -121,6 +132,10 @@ class TransformerConfig:
         if self.seq_length % self.context_parallel_size:
             _fail("seq_length", self.seq_length,
                   f"must be divisible by context_parallel_size={self.context_parallel_size}")
+        for field, value, rule in cp_problems(self.seq_length, self.context_parallel_size, heads, groups, tp,
+                                              self.context_parallel_algo, self.ulysses_degree_in_cp,
+                                              self.context_parallel_load_balance):
+            _fail(field, value, rule)
         if self.sequence_parallel and self.seq_length % (tp * self.context_parallel_size):
             _fail("seq_length", self.seq_length, "with sequence_parallel must be divisible by "
                   f"tensor_model_parallel_size x context_parallel_size = {tp * self.context_parallel_size}")
@@ -144,6 +159,12 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    def token_positions(self):
+        """Global position of the token in each sequence slot: the identity, except with load-balanced
+        causal context parallelism (storage order, see ``common/sequence_placement.py``)."""
+        return storage_positions(self.seq_length, self.context_parallel_size, self.context_parallel_algo,
+                                 self.ulysses_degree_in_cp, self.context_parallel_load_balance)
 
     @property
     def ms_params_dtype(self):

@@ -4,7 +4,9 @@
 (s, 1, head_dim) so they broadcast over (b, s, heads, head_dim). With ``rotary_percent < 1``
 only the first channels rotate: the tables hold cos = 1, sin = 0 for the rest, which keeps them
 broadcastable to x (what the ``rotary_embedding`` sharding rule expects). The cell is one op for
-the sharding pass; when the sequence is split, the pass slices the tables like x.
+the sharding pass; when the sequence is split, the pass slices the tables like x. Row i holds the
+angles of the token's true global position (``config.token_positions()``: the identity, except in
+the storage order of load-balanced context parallelism).
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from mindspore import Tensor, nn, ops
 from .config import TransformerConfig
 
 
-def rotary_tables(seq_length: int, head_dim: int, rotary_dim: int, base: float):
-    """(cos, sin) as float32 arrays of shape (seq_length, 1, head_dim)."""
+def rotary_tables(seq_length: int, head_dim: int, rotary_dim: int, base: float, positions=None):
+    """(cos, sin) as float32 arrays of shape (seq_length, 1, head_dim); row i is for the token at
+    global position ``positions[i]`` (default: i)."""
     inv_freq = 1.0 / (base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
-    freqs = np.outer(np.arange(seq_length, dtype=np.float64), inv_freq)
+    pos = np.arange(seq_length) if positions is None else np.asarray(positions)
+    freqs = np.outer(pos.astype(np.float64), inv_freq)
     angles = np.concatenate([freqs, freqs], axis=-1)
     cos = np.ones((seq_length, head_dim))
     sin = np.zeros((seq_length, head_dim))
@@ -39,7 +43,8 @@ class RotaryEmbedding(nn.Cell):
         self.half = self.rotary_dim // 2
         self.partial = self.rotary_dim < self.head_dim
         self.low_precision = config.compute_dtype != "float32"   # rotate in float32 either way
-        cos, sin = rotary_tables(config.seq_length, self.head_dim, self.rotary_dim, config.rotary_base)
+        cos, sin = rotary_tables(config.seq_length, self.head_dim, self.rotary_dim, config.rotary_base,
+                                 config.token_positions())
         self.cos, self.sin = Tensor(cos), Tensor(sin)
 
     def sharding_attrs(self) -> dict:

@@ -2,7 +2,7 @@
 the input layouts the op requires. ``infer(op, layouts, shapes, **attrs)`` applies one; an op with
 no rule is an error. One module per op family; importing this package registers them all.
 """
-from . import (elementwise, embedding, loss, matmul, normalization, reduction, rotary,  # noqa: F401
+from . import (attention, elementwise, embedding, loss, matmul, normalization, reduction, rotary,  # noqa: F401
                shape, slicing)
 from .common import make_layout
 from .elementwise import broadcast_rule

@@ -1,0 +1,84 @@
+"""Worker side of the context-parallel GPT parity test: the transformer from mindformers_core with
+its sequence split over ``cp`` (ring / Ulysses / hybrid attention, optionally with dp or tp),
+trained 3 momentum-SGD steps; returns losses and this rank's weight shards for the test to merge."""
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from mindformers_core.common.sequence_placement import to_storage_order
+from mindformers_core.distributed import get_env
+from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
+from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
+from mindformers_core.transformer import GPTModel, TransformerConfig
+from tests.bodies.gpt_tp_body import train
+
+STEPS, SEQ, BATCH, VOCAB = 3, 32, 2, 256
+
+
+def make_config(dp=1, cp=1, tp=1, algo="colossal", ulysses=None, balance=True):
+    return TransformerConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=8,
+                             num_query_groups=4, vocab_size=VOCAB, seq_length=SEQ, data_parallel_size=dp,
+                             context_parallel_size=cp, tensor_model_parallel_size=tp,
+                             context_parallel_algo=algo, ulysses_degree_in_cp=ulysses,
+                             context_parallel_load_balance=balance)
+
+
+def batches():
+    rng = np.random.RandomState(7)
+    pair = [rng.randint(0, VOCAB, (BATCH, SEQ + 1)).astype(np.int32) for _ in range(2)]
+    return [pair[i % 2] for i in range(STEPS)]
+
+
+def reference(modes=("pynative",)):
+    out = {}
+    for mode in modes:
+        ms.set_seed(0)
+        model = GPTModel(make_config())
+        losses = train(model, batches(), lambda a: a, mode)
+        out[mode] = {"losses": losses, "weights": {p.name: p.asnumpy() for p in model.trainable_params()}}
+    return out
+
+
+def run(configs, modes=("pynative", "jit")):
+    """``configs``: name -> dict of ``make_config`` keyword arguments."""
+    rank = get_env().rank
+    result = {}
+    for name, kw in configs.items():
+        for mode in modes:
+            ms.set_seed(0)
+            config = make_config(**kw)
+            model = GPTModel(config)
+            pos = config.token_positions()
+            sample = batches()[0]
+            parallelize(model, config, sample[:, :-1], sample[:, 1:])
+            layout = sharding_plan_of(model).input_layouts[0]
+            shape = sample[:, :-1].shape
+
+            def slicer(a):
+                return to_storage_order(a, pos)[layout.local_slice(shape, rank)]
+
+            # inputs and labels are cut from the natural-order tokens, then both put in storage order
+            losses = train_cp(model, [(slicer(t[:, :-1]), slicer(t[:, 1:])) for t in batches()], mode)
+            shards = {}
+            for p in model.trainable_params():
+                sl = layout_of(p).local_slice(global_shape_of(p), rank)
+                shards[p.name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], global_shape_of(p))
+            result[f"{name}/{mode}"] = {"losses": losses, "shards": shards,
+                                        "plan": sharding_plan_of(model).explain() if mode == "pynative" else ""}
+    return result
+
+
+def train_cp(model, pairs, mode):
+    """Momentum SGD as in gpt_tp_body.train, on (ids, labels) already cut for this rank."""
+    params = model.trainable_params()
+    opt = nn.Momentum(params, learning_rate=0.5, momentum=0.9)
+    reducer = GradientReducer(params)
+    grad_fn = ms.value_and_grad(model, None, params)
+
+    def step(ids, labels):
+        loss, grads = grad_fn(ids, labels)
+        opt(reducer(grads))
+        return loss
+
+    run = ms.jit(step) if mode == "jit" else step
+    return [float(run(Tensor(ids), Tensor(labels))) for ids, labels in pairs]

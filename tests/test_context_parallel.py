@@ -1,0 +1,92 @@
+"""Context parallelism, pure parts (milliseconds, no MindSpore): the online-softmax block
+combination against one full softmax (fully masked blocks and rows included), the ring schedule
+(zigzag load balance, skipped blocks) replayed in NumPy against plain causal attention, storage
+order, and the named errors of bad settings."""
+import numpy as np
+import pytest
+
+from mindformers_core.common import sequence_placement as sp
+
+
+def _softmax_attention(q, k, v, mask):
+    s = q @ np.swapaxes(k, -1, -2) + mask
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def test_block_combination_equals_full_softmax_with_masked_blocks():
+    rng = np.random.RandomState(0)
+    q, k, v = rng.randn(2, 6, 8), rng.randn(2, 20, 8), rng.randn(2, 20, 8)
+    mask = np.where(rng.rand(6, 20) < 0.4, -np.inf, 0.0)
+    mask[:, 5:10] = -np.inf            # a fully masked key block
+    mask[0, :] = -np.inf               # row 0 keeps one key only, in the last block
+    mask[0, 19] = 0.0
+    mask[:, 0] = 0.0                   # every row sees at least one key
+    want = _softmax_attention(q, k, v, mask)
+    bounds = [0, 5, 10, 13, 20]
+    o = lse = None
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        ob, lb = sp.block_attention_numpy(q, k[:, a:b], v[:, a:b], mask[:, a:b])
+        if a == 5:
+            assert np.isneginf(lb).all() and not ob.any()     # the masked block contributes nothing
+        o, lse = (ob, lb) if o is None else sp.merge_blocks_numpy(o, lse, ob, lb)
+    np.testing.assert_allclose(o, want, rtol=1e-12, atol=1e-12)
+    # merging in any order gives the same result (associative and commutative)
+    parts = [sp.block_attention_numpy(q, k[:, a:b], v[:, a:b], mask[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    o2, l2 = parts[3]
+    for ob, lb in (parts[1], parts[0], parts[2]):
+        o2, l2 = sp.merge_blocks_numpy(o2, l2, ob, lb)
+    np.testing.assert_allclose(o2, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(l2, lse, rtol=1e-12)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+@pytest.mark.parametrize("balanced", [True, False])
+def test_ring_schedule_replayed_in_numpy_equals_causal_attention(cp, balanced):
+    rng = np.random.RandomState(cp)
+    s, d = 32, 4
+    q, k, v = rng.randn(3, s, d), rng.randn(3, s, d), rng.randn(3, s, d)
+    pos = sp.storage_positions(s, cp, "colossal", None, balanced)
+    want = _softmax_attention(q, k, v, np.where(np.arange(s)[None] > np.arange(s)[:, None], -np.inf, 0.0))
+    got = sp.ring_attention_numpy(sp.to_storage_order(q, pos), sp.to_storage_order(k, pos),
+                                  sp.to_storage_order(v, pos), cp, balanced)
+    np.testing.assert_allclose(sp.from_storage_order(got, pos), want, rtol=1e-12, atol=1e-12)
+
+
+def test_zigzag_storage_order_and_balanced_work():
+    pos = sp.storage_positions(16, 2)
+    assert list(pos) == [0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert sorted(sp.storage_positions(64, 4)) == list(range(64))
+    assert list(sp.storage_positions(16, 2, load_balance=False)) == list(range(16))
+    assert list(sp.storage_positions(16, 4, "ulysses")) == list(range(16))      # a ring of one
+    hybrid = sp.storage_positions(16, 4, "hybrid", 2)                              # zigzag over a ring of 2
+    assert list(hybrid) == list(pos)
+    # balanced: every member computes 1 causal block + (ring-1) half blocks; unbalanced: member i
+    # computes i full blocks and skips the rest (skipped blocks are not computed at all)
+    for ring in (2, 4, 8):
+        for m in range(ring):
+            kinds = [k for _, k in sp.ring_schedule(ring, m, True)]
+            assert kinds[0] == sp.CAUSAL and all(k in (sp.KV_HEAD, sp.Q_TAIL) for k in kinds[1:])
+            kinds = [k for _, k in sp.ring_schedule(ring, m, False)]
+            assert kinds.count(sp.FULL) == m and kinds.count(sp.SKIP) == ring - 1 - m
+    # the step-0 mask is the same on every member and matches the true positions
+    for m in range(4):
+        mine = pos_of = sp.storage_positions(64, 4)[m * 16:(m + 1) * 16]
+        local = sp.local_causal_positions(16, 4, True)
+        np.testing.assert_array_equal(sp.causal_mask_array(local), sp.causal_mask_array(pos_of))
+        assert len(mine) == 16
+
+
+def test_named_errors():
+    assert sp.problems(64, 2, 8, 8) == []
+    (field, value, rule), = sp.problems(36, 4, 8, 8)
+    assert field == "seq_length" and value == 36 and "2 x context_parallel = 8" in rule
+    assert sp.problems(36, 4, 8, 8, load_balance=False) == []
+    (field, value, rule), = sp.problems(64, 4, 6, 6, algorithm="ulysses")
+    assert field == "num_attention_heads" and "Ulysses degree 4" in rule
+    (field, value, rule), = sp.problems(64, 4, 8, 8, algorithm="hybrid", ulysses_degree=3)
+    assert field == "ulysses_degree_in_cp" and value == 3
+    (field, value, rule), = sp.problems(64, 2, 8, 8, algorithm="zigzag")
+    assert field == "context_parallel_algo" and "colossal" in rule
+    assert sp.normalize_algorithm("Ring") == "colossal"
