@@ -5,6 +5,10 @@
 #                   [WORKER_NUM=8] [MASTER_PORT=8118] [LOG_DIR=output/msrun_log] [JOIN=False] [CLUSTER_TIME_OUT=7200]
 # Multi node:   bash scripts/msrun_launcher.sh "run_mindformer.py --config X.yaml" \
 #                   WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK LOG_DIR JOIN CLUSTER_TIME_OUT
+# Environment (single node): MAX_RESTARTS=N restarts a failed run_mindformer.py job from its latest
+# checkpoint up to N times; HEARTBEAT_TIMEOUT=S (default 600) ends a job whose ranks finish no step
+# for S seconds. The job runs under the supervisor (python -m mindformers_core.training.supervisor):
+# a dead or stalled rank is named within seconds and the exit code is the job's (130 on Ctrl-C).
 set -euo pipefail
 
 usage() {
@@ -45,8 +49,30 @@ HERE="$(cd "$(dirname "$0")/.." && pwd)"
 [ -x "$HERE/.venv/bin/python" ] && export PATH="$HERE/.venv/bin:$PATH"
 command -v msrun >/dev/null || fail "msrun not found: run 'make test' or 'make demo' once to create .venv"
 
+MAX_RESTARTS=${MAX_RESTARTS:-0}
+HEARTBEAT_TIMEOUT=${HEARTBEAT_TIMEOUT:-600}
+is_int "$MAX_RESTARTS" || fail "MAX_RESTARTS='$MAX_RESTARTS' must be a non-negative integer"
+[[ "$HEARTBEAT_TIMEOUT" =~ ^[0-9]+([.][0-9]+)?$ ]] && [ "$HEARTBEAT_TIMEOUT" != 0 ] \
+  || fail "HEARTBEAT_TIMEOUT='$HEARTBEAT_TIMEOUT' must be a number of seconds > 0"
+
 mkdir -p "$LOG_DIR"
 echo "msrun: $WORKER_NUM worker(s), $LOCAL_WORKER on this node (rank $NODE_RANK), master $MASTER_ADDR:$MASTER_PORT, logs in $LOG_DIR"
-exec msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER" --master_addr="$MASTER_ADDR" \
-  --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join="$JOIN" \
-  --cluster_time_out="$CLUSTER_TIME_OUT" "${COMMAND[@]}"
+if [ "$LOCAL_WORKER" != "$WORKER_NUM" ]; then   # multi node: msrun itself (no supervisor across nodes)
+  [ "$MAX_RESTARTS" = 0 ] || fail "MAX_RESTARTS=$MAX_RESTARTS: restarts are supervised on one node only"
+  exec msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER" --master_addr="$MASTER_ADDR" \
+    --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join="$JOIN" \
+    --cluster_time_out="$CLUSTER_TIME_OUT" "${COMMAND[@]}"
+fi
+PYTHON=python
+[ -x "$HERE/.venv/bin/python" ] && PYTHON="$HERE/.venv/bin/python"
+SUPERVISOR=("$PYTHON" -m mindformers_core.training.supervisor --workers "$WORKER_NUM" --master_addr "$MASTER_ADDR"
+  --master_port "$MASTER_PORT" --log_dir "$LOG_DIR" --cluster_time_out "$CLUSTER_TIME_OUT"
+  --max_restarts "$MAX_RESTARTS" --heartbeat_timeout "$HEARTBEAT_TIMEOUT" -- "${COMMAND[@]}")
+if [ "$JOIN" = "True" ]; then
+  exec "${SUPERVISOR[@]}"
+fi
+rm -f "$LOG_DIR/exit_status"
+nohup bash -c '"$@" > "$0/supervisor.log" 2>&1; echo $? > "$0/exit_status"' "$LOG_DIR" "${SUPERVISOR[@]}" \
+  > /dev/null 2>&1 &
+echo "running in the background (JOIN=False): follow it with 'tail -f $LOG_DIR/supervisor.log $LOG_DIR/worker_0.log';"
+echo "its exit status (0 = success) will be in $LOG_DIR/exit_status when it ends"

@@ -32,6 +32,7 @@ from ..sharding.annotations import global_shape_of
 from .checkpointing import Checkpointer
 from .config import Config, ConfigError
 from .faults import FaultInjector
+from .heartbeat import Heartbeat
 from .inputs import build_inputs
 from .model_builder import build_model
 from .predict import complete, generate
@@ -206,6 +207,9 @@ class Trainer:
         # MindSpore's runtime turns Ctrl-C into SIGTERM: have it raise KeyboardInterrupt (exit 130 in the cli)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         start = self.start_step = self.restore()
+        # under the supervisor (--max_restarts, MAX_RESTARTS): a beat per step tells it who is alive
+        beat = Heartbeat(self.output_dir, self.rank).beat if os.environ.get("MFC_SUPERVISED") else (lambda *a: None)
+        beat(start)
         if start == 0 and cfg.get("overwrite_output_dir") and self.rank == 0:
             self.checkpointer.clear()        # the earlier run's steps must not mix with this one's
         ckpt = callback(cfg, "CheckpointMonitor")
@@ -260,12 +264,15 @@ class Trainer:
             if self.rank == 0:
                 with open(log_path, "a") as f:
                     f.write(json.dumps(record, allow_nan=False) + "\n")
+            beat(step + 1)
             if in_a_row >= limit:
+                beat(step + 1, "stopped")
                 raise TrainingError(f"step {step + 1}: {in_a_row} steps in a row skipped ({self.guard.describe()}; "
                                     f"runner_config.max_consecutive_skipped_steps = {limit}); the weights are those "
                                     f"of step {step + 1 - in_a_row}. Lower the learning rate or check the data, then "
                                     "resume from the last checkpoint")
             if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):
+                beat(step + 1, "stopped")
                 raise TrainingError(f"step {step + 1}: loss {loss}, gradient norm {norm}, and "
                                     "runner_config.use_skip_step_on_nan is off, so the update was applied and "
                                     "nothing after step " f"{last_saved} is saved; set use_skip_step_on_nan: True to "
@@ -275,6 +282,7 @@ class Trainer:
                 last_saved = step + 1
         if every and last_saved < self.total_steps:
             self.save(self.total_steps)
+        beat(self.total_steps, "done")
         return history
 
     # ------------------------------------------------------------------ predict

@@ -1,0 +1,222 @@
+"""The job supervisor: launch a training job, watch its ranks, end it cleanly on a fault, restart it.
+
+``run_mindformer.py --max_restarts N`` (one process) and ``MAX_RESTARTS=N bash
+scripts/msrun_launcher.sh ...`` (msrun workers) run the job under :func:`supervise`. Every half
+second it reads the ranks' heartbeats (``heartbeat.py``): a rank whose process is gone, stopped, or
+silent for longer than ``heartbeat_timeout`` is a fault. On a fault, or when the job exits non-zero
+after training started, every process of the job is killed, one line names the rank and what
+happened, and the job is launched again with ``--resume_training True`` (the latest complete
+checkpoint: weights, AdamW moments, data position, step and lr position), up to ``max_restarts``
+times. A job that fails before its first step (bad configuration, import error) or that stopped on
+purpose (too many bad steps) is not restarted. Ctrl-C ends the job and exits 130.
+
+Exit codes: 0 done; 1 failed (restarts exhausted or not restartable); 2 invalid configuration
+(one process); 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from .heartbeat import clear_heartbeats, process_state, read_heartbeats
+
+POLL_S = 0.5
+
+
+@dataclass
+class Outcome:
+    code: int                  # the job's exit code (or ours when we ended it)
+    fault: Optional[str]       # what we saw, None when the job ended by itself
+    started: bool              # some rank reached its first step
+    stopped_on_purpose: bool   # a rank reported a deliberate stop (e.g. too many skipped steps)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_job(proc: subprocess.Popen, pids: Sequence[int]) -> None:
+    """SIGKILL the job's session (msrun, scheduler, workers) and any rank process left."""
+    try:
+        import psutil
+        procs = []
+        try:
+            procs = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    except ImportError:
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def watch(proc: subprocess.Popen, output_dir: Optional[str], workers: int, heartbeat_timeout: float,
+          startup_timeout: float, log=print) -> Outcome:
+    """Wait for the job, ending it at the first fault its heartbeats show."""
+    launched = time.monotonic()
+    started, fault, pids = False, None, []
+    while proc.poll() is None:
+        time.sleep(POLL_S)
+        beats = read_heartbeats(output_dir) if output_dir else {}
+        started = started or bool(beats)
+        pids = [b["pid"] for b in beats.values()]
+        now = time.time()
+        for rank in sorted(beats):
+            b = beats[rank]
+            if b.get("state") in ("done", "stopped"):
+                continue
+            state = process_state(int(b["pid"]))
+            if state in (None, "zombie"):
+                fault = f"rank {rank} died (process {b['pid']} is gone) after step {b['step']}"
+            elif state == "stopped":
+                fault = f"rank {rank} is stopped (process {b['pid']} in state T, e.g. SIGSTOP) at step {b['step']}"
+            elif now - float(b["time"]) > heartbeat_timeout:
+                silent = [r for r in sorted(beats) if now - float(beats[r]["time"]) > heartbeat_timeout
+                          and beats[r].get("state") not in ("done", "stopped")]
+                fault = (f"rank(s) {silent} made no progress for more than {heartbeat_timeout:g} s (last step "
+                         f"{min(beats[r]['step'] for r in silent)}): stalled, e.g. a hang inside a collective")
+            if fault:
+                break
+        if fault is None and output_dir and len(beats) < workers and time.monotonic() - launched > startup_timeout:
+            missing = sorted(set(range(workers)) - set(beats))
+            fault = f"rank(s) {missing} did not start training within {startup_timeout:g} s"
+        if fault:
+            log(f"supervisor: {fault}; ending the job")
+            _kill_job(proc, pids)
+            return Outcome(1, fault, started, False)
+    beats = read_heartbeats(output_dir) if output_dir else {}
+    purposeful = any(b.get("state") == "stopped" for b in beats.values())
+    return Outcome(proc.returncode, None, started or bool(beats), purposeful)
+
+
+def resume_flags(output_dir: Optional[str]) -> List[str]:
+    """How a restarted job continues: from the latest checkpoint if one exists, else afresh."""
+    from ..checkpoint import list_steps
+    ckpt = os.path.join(output_dir, "checkpoint") if output_dir else None
+    if ckpt and list_steps(ckpt):
+        return ["--resume_training", "True"]
+    return ["--overwrite_output_dir", "True"]
+
+
+def supervise(command: Sequence[str], output_dir: Optional[str], workers: int = 1, max_restarts: int = 0,
+              heartbeat_timeout: float = 600.0, startup_timeout: float = 1800.0, env=None, log=print) -> int:
+    """Run ``command`` (a function of the attempt number, or a fixed list) until it succeeds or the
+    restarts run out; returns the exit code. ``output_dir``: where the ranks' heartbeats and
+    checkpoints are (None: no heartbeats, no restarts)."""
+    build = command if callable(command) else (lambda attempt, extra: list(command) + extra)
+    env = dict(os.environ if env is None else env, MFC_SUPERVISED="1")
+    extra: List[str] = []
+    for attempt in range(max_restarts + 1):
+        if output_dir:
+            clear_heartbeats(output_dir)
+        cmd = build(attempt, extra)
+        log(f"supervisor: attempt {attempt + 1} of {max_restarts + 1}: {' '.join(cmd)}")
+        proc = subprocess.Popen(cmd, env=dict(env, MFC_ATTEMPT=str(attempt)), start_new_session=True)
+        try:
+            outcome = watch(proc, output_dir, workers, heartbeat_timeout, startup_timeout, log)
+        except KeyboardInterrupt:
+            _kill_job(proc, [b["pid"] for b in (read_heartbeats(output_dir) if output_dir else {}).values()])
+            log("supervisor: interrupted (SIGINT); the job was ended. Published checkpoints are complete: "
+                "resume with --resume_training True")
+            return 130
+        if outcome.code == 0 and outcome.fault is None:
+            return 0
+        what = outcome.fault or f"the job exited with code {outcome.code}"
+        if outcome.code in (2, 130) and outcome.fault is None and workers == 1:
+            return outcome.code             # a bad configuration or Ctrl-C in the child: nothing to retry
+        if not outcome.started:
+            log(f"supervisor: {what} before any rank reached its first step; not restarting (see the logs)")
+            return 1
+        if outcome.stopped_on_purpose:
+            log(f"supervisor: {what}: the run stopped itself (see its message); not restarting")
+            return 1
+        if attempt == max_restarts:
+            log(f"supervisor: {what}; no restarts left ({max_restarts} allowed)")
+            return 1
+        extra = resume_flags(output_dir)
+        log(f"supervisor: restart {attempt + 1} of {max_restarts} with {' '.join(extra)}")
+    return 1
+
+
+# ---- msrun jobs (scripts/msrun_launcher.sh with MAX_RESTARTS) -------------------------------------------
+def output_dir_of(script_args: Sequence[str]) -> Optional[str]:
+    """The output_dir of a run_mindformer.py command line (validated config), else None."""
+    from .cli import parse
+    from .config import load_config
+    args, overrides = parse(script_args)
+    cfg = load_config(args.config, [f"{k}={v}" for k, v in overrides], worker_num=int(os.environ.get(
+        "MS_WORKER_NUM", "1")))
+    return os.path.abspath(cfg.output_dir)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mindformers_core.training.supervisor",
+                                 description="Run an msrun job under the supervisor (restarts, heartbeats).")
+    ap.add_argument("--workers", type=int, required=True)
+    ap.add_argument("--master_addr", default="127.0.0.1")
+    ap.add_argument("--master_port", type=int, default=8118)
+    ap.add_argument("--log_dir", default="output/msrun_log")
+    ap.add_argument("--cluster_time_out", type=int, default=7200)
+    ap.add_argument("--max_restarts", type=int, default=0)
+    ap.add_argument("--heartbeat_timeout", type=float, default=600.0)
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
+    a = ap.parse_args(argv)
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        ap.error("give the script and its arguments after --")
+    if a.workers < 1 or a.max_restarts < 0 or a.heartbeat_timeout <= 0:
+        ap.error(f"--workers={a.workers} must be >= 1, --max_restarts={a.max_restarts} >= 0, "
+                 f"--heartbeat_timeout={a.heartbeat_timeout} > 0")
+    output_dir = None
+    if os.path.basename(command[0]) == "run_mindformer.py":
+        from .config import ConfigError
+        try:
+            os.environ.setdefault("MS_WORKER_NUM", str(a.workers))
+            output_dir = output_dir_of(command[1:])
+        except ConfigError as e:
+            print(f"run_mindformer.py: invalid configuration:\n{e}", file=sys.stderr, flush=True)
+            return 2
+    elif a.max_restarts:
+        ap.error(f"--max_restarts needs a run_mindformer.py job (its checkpoints are what it resumes from); "
+                 f"got {command[0]!r}")
+    msrun = os.path.join(os.path.dirname(sys.executable), "msrun")
+
+    def build(attempt: int, extra: List[str]) -> List[str]:
+        port = a.master_port if attempt == 0 else _free_port()   # the old port may still be held
+        return [msrun if os.path.exists(msrun) else "msrun", f"--worker_num={a.workers}",
+                f"--local_worker_num={a.workers}", f"--master_addr={a.master_addr}", f"--master_port={port}",
+                "--node_rank=0", f"--log_dir={a.log_dir}", "--join=True", f"--cluster_time_out={a.cluster_time_out}",
+                *command, *extra]
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    return supervise(build, output_dir, a.workers, a.max_restarts, a.heartbeat_timeout,
+                     log=lambda s: print(s, flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Faults under msrun, through scripts/msrun_launcher.sh and the supervisor: ranks killed at chosen
+steps are named within seconds and the job restarts from its latest checkpoint with the losses of an
+uninterrupted run (bitwise, PyNative); a SIGSTOPped rank and a rank hanging before a collective end
+the job with a named error within the deadline; a job that fails before training is not restarted.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from mindformers_core.testing import free_port
+from mindformers_core.testing.msrun import child_env, kill_tree
+from tests.test_trainer import ROOT, args, tiny  # noqa: F401  (tiny: fixture)
+
+LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
+STEPS = 10
+DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2,
+       "--runner_config.max_steps", STEPS, "--lr_schedule.total_steps", STEPS,
+       # JSON without spaces: the launcher splits its command string on whitespace
+       "--callbacks", '[{"type":"MFLossMonitor"},{"type":"CheckpointMonitor","save_checkpoint_steps":1,'
+                      '"keep_checkpoint_max":3}]']
+
+
+def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True):
+    cmd = " ".join(["run_mindformer.py", *args(tiny, out, *DP2)])
+    env = child_env(dict(extra_env or {}))
+    proc = subprocess.Popen(["bash", LAUNCHER, cmd, "2", str(free_port()), str(logs), "True", "120"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    if not wait:
+        return proc
+    try:
+        out_text, _ = proc.communicate(timeout=timeout)
+    finally:
+        kill_tree(proc.pid)
+    return proc.returncode, out_text
+
+
+def losses(out):
+    with open(os.path.join(str(out), "loss.jsonl")) as f:
+        return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, f)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny, tmp_path_factory):
+    base = tmp_path_factory.mktemp("ft_uninterrupted")
+    code, text = launch(tiny, base / "out", base / "logs")
+    assert code == 0, text[-3000:]
+    return base / "out"
+
+
+@pytest.mark.msrun
+def test_killed_ranks_restart_with_the_uninterrupted_losses(tiny, uninterrupted, tmp_path):
+    out = tmp_path / "out"
+    faults = {"MFC_FAULT": "exit:1:3,exit:0:6,exit:1:8", "MFC_FAULT_ONCE": str(tmp_path / "fired"),
+              "MAX_RESTARTS": "3"}
+    t0 = time.monotonic()
+    code, text = launch(tiny, out, tmp_path / "logs", faults)
+    took = time.monotonic() - t0
+    assert code == 0, text[-4000:]
+    assert losses(out) == losses(uninterrupted)          # bitwise: PyNative, exact resume
+    named = [line for line in text.splitlines() if "supervisor: rank" in line and "ending the job" in line]
+    assert [line.split("supervisor: ")[1].split(" died")[0] for line in named] == ["rank 1", "rank 0", "rank 1"]
+    assert text.count("restart ") == 3 and "--resume_training True" in text
+    print(f"3 faults, 3 restarts, {STEPS} steps: {took:.0f} s\n" + "\n".join(
+        line for line in text.splitlines() if line.startswith("supervisor:")))
+
+
+@pytest.mark.msrun
+def test_a_stopped_rank_is_named_and_the_job_ends(tiny, tmp_path):
+    out = tmp_path / "out"
+    proc = launch(tiny, out, tmp_path / "logs", {"HEARTBEAT_TIMEOUT": "60"}, wait=False)
+    try:
+        beat = out / "heartbeat" / "rank_1.json"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not reach step 2"
+            try:
+                info = json.loads(beat.read_text())
+                if info["step"] >= 2:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        os.kill(info["pid"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        text, _ = proc.communicate(timeout=60)
+        ended = time.monotonic() - t0
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 1, text[-3000:]
+    assert f"rank 1 is stopped (process {info['pid']}" in text
+    assert ended < 15, f"took {ended:.1f} s to end the job"
+
+
+@pytest.mark.msrun
+def test_a_rank_hanging_before_a_collective_ends_within_the_deadline(tiny, tmp_path):
+    t0 = time.monotonic()
+    code, text = launch(tiny, tmp_path / "out", tmp_path / "logs", {"MFC_FAULT": "hang:1:3", "HEARTBEAT_TIMEOUT": "6"})
+    assert code == 1, text[-3000:]
+    assert "made no progress for more than 6 s (last step 2)" in text and "ending the job" in text
+    assert time.monotonic() - t0 < 90
+
+
+def test_a_job_failing_before_training_is_not_restarted(tiny, tmp_path):
+    # a bad configuration is refused by the supervisor itself, before msrun starts
+    cmd = " ".join(["run_mindformer.py", *args(tiny, tmp_path / "out", *DP2, "--parallel_config.data_parallel", 3)])
+    res = subprocess.run(["bash", LAUNCHER, cmd, "2", str(free_port()), str(tmp_path / "logs"), "True", "60"],
+                         cwd=ROOT, env=child_env({"MAX_RESTARTS": "2"}), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "must equal the worker count 2" in res.stderr and "attempt" not in res.stdout
