@@ -235,3 +235,37 @@ def test_checkpoint_library_refuses_nan_and_verifies_checksums(tmp_path):
     with pytest.raises(CheckpointError, match="SHA-256 differs"):
         load_checkpoint(d, {"w": ((2, 3), None)}, step=2)
     assert np.array_equal(load_checkpoint(d, {"w": ((2, 3), None)}, step=1)["w"], w["w"])
+
+
+ASYNC_EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
+                                   "keep_checkpoint_max: 10, async_checkpoint: True}]"]
+
+
+def test_async_saves_equal_sync_saves_and_resume_exactly(tiny, tmp_path):
+    sync, asyn = tmp_path / "sync", tmp_path / "async"
+    assert run_mindformer.main(args(tiny, sync, *EVERY_STEP)) == 0
+    assert run_mindformer.main(args(tiny, asyn, *ASYNC_EVERY_STEP, "--runner_config.max_steps", 3)) == 0
+    assert steps_in(asyn) == [1, 2, 3]
+    for step in (1, 2, 3):
+        (ws, os_, ss), (wa, oa, sa) = saved(sync, step), saved(asyn, step)
+        assert all(np.array_equal(ws[k], wa[k]) for k in ws) and ss.trainer_state == sa.trainer_state
+        assert all(np.array_equal(os_[s][k], oa[s][k]) for s in os_ for k in os_[s])
+    assert run_mindformer.main(args(tiny, asyn, *ASYNC_EVERY_STEP, "--resume_training", "True")) == 0
+    assert [r["loss"] for r in strict_records(asyn)] == [r["loss"] for r in strict_records(sync)]
+
+
+def test_a_failing_async_save_is_reported_and_the_previous_step_stays_latest(tiny, tmp_path, monkeypatch, capsys):
+    from mindformers_core.checkpoint import read_tracker
+    from mindformers_core.checkpoint import save as save_module
+    real = save_module.write_safetensors
+
+    def disk_full_at_step_2(path, data):
+        if f"{os.sep}step_2.tmp{os.sep}" in path:
+            raise OSError(28, "No space left on device")
+        return real(path, data)
+    monkeypatch.setattr(save_module, "write_safetensors", disk_full_at_step_2)
+    out = tmp_path / "run"
+    assert run_mindformer.main(args(tiny, out, *ASYNC_EVERY_STEP)) == 0     # training goes on
+    assert "async save of step 2 failed on rank 0: OSError: [Errno 28] No space left on device" in \
+        capsys.readouterr().out
+    assert steps_in(out) == [1, 3, 4] and read_tracker(str(out / "checkpoint")) == 4

@@ -119,16 +119,19 @@ def file_sha256(path: str) -> str:
 _LEFTOVER = re.compile(r"^(step_\d+\.tmp|step_\d+\.old-\d+|.*\.tmp-\d+)$")
 
 
-def remove_leftovers(directory: str) -> List[str]:
+def remove_leftovers(directory: str, below: Optional[int] = None) -> List[str]:
     """Delete what interrupted saves left behind in a checkpoint directory: staging directories
     (``step_<k>.tmp``), steps moved aside by a re-save (``step_<k>.old-<pid>``) and half-written
-    files (``*.tmp-<pid>``). Call it only while no save is in progress (rank 0, at start or after a
-    save). Returns the names removed."""
+    files (``*.tmp-<pid>``). With ``below``, staging directories of steps >= ``below`` are kept
+    (another rank may be writing the next save already). Returns the names removed."""
     if not os.path.isdir(directory):
         return []
     removed = []
     for name in sorted(os.listdir(directory)):
         if not _LEFTOVER.match(name):
+            continue
+        staged = re.match(r"^step_(\d+)\.tmp$", name)
+        if staged and below is not None and int(staged.group(1)) >= below:
             continue
         path = os.path.join(directory, name)
         if os.path.isdir(path):

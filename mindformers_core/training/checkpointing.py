@@ -18,7 +18,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
-from ..checkpoint import (CheckpointError, list_steps, load_checkpoint, load_optimizer_state, load_training_state,
+from ..checkpoint import (AsyncSaver, CheckpointError, list_steps, load_checkpoint, load_optimizer_state, load_training_state,
                           newest_intact_step, remove_leftovers, resolve_step, save_checkpoint, shard_single_file)
 from ..checkpoint.format import TRACKER, read_tracker
 from ..sharding.annotations import global_shape_of, layout_of
@@ -55,10 +55,14 @@ class Checkpointer:
 
     def __init__(self, directory: str, rank: int, world: int, params: List, dp: int, dp_rank: int,
                  optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, async_save: bool = False):
         self.directory, self.rank, self.world = directory, rank, world
         self.params, self.dp, self.dp_rank = params, dp, dp_rank
         self.optimizer, self.wrapped, self.data, self.keep, self.log = optimizer, wrapped, data, keep, log
+        self.saver = None
+        if async_save:
+            self.saver = AsyncSaver(rank, world, on_published=self._published,
+                                    on_error=lambda text: print(f"rank {rank}: {text}", flush=True))
         if rank == 0:       # no save runs yet: what is there from an interrupted one is garbage
             removed = remove_leftovers(directory)
             if removed:
@@ -81,12 +85,25 @@ class Checkpointer:
                    "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
         with self.full_weights():
             weights = {p.name: p.asnumpy() for p in self.params}
-        path = save_checkpoint(self.directory, step, weights, {p.name: layout_of(p) for p in self.params},
-                               optimizer_state=opt, data_state=self.data.state_dict(), trainer_state=trainer_state,
+        layouts = {p.name: layout_of(p) for p in self.params}
+        if self.saver is not None:       # host copies taken; files written and published in the background
+            self.saver.save(self.directory, step, weights, layouts, optimizer_state=opt,
+                            data_state=self.data.state_dict(), trainer_state=trainer_state)
+            return os.path.join(self.directory, f"step_{step}")
+        path = save_checkpoint(self.directory, step, weights, layouts, optimizer_state=opt,
+                               data_state=self.data.state_dict(), trainer_state=trainer_state,
                                rank=self.rank, world_size=self.world)
-        if self.rank == 0 and self.keep is not None:
-            self.prune(self.keep)
+        self._published(step)
         return path
+
+    def wait(self) -> None:
+        """Let an asynchronous save in flight finish (before exit, before loading)."""
+        if self.saver is not None:
+            self.saver.wait()
+
+    def _published(self, step: int) -> None:
+        if self.rank == 0 and self.keep is not None:
+            self.prune(self.keep, step)
 
     def clear(self) -> None:
         """Remove every published step and the tracker (``overwrite_output_dir``: a fresh run)."""
@@ -96,14 +113,14 @@ class Checkpointer:
         if os.path.exists(tracker):
             os.remove(tracker)
 
-    def prune(self, keep: int) -> None:
+    def prune(self, keep: int, published: Optional[int] = None) -> None:
         """Delete all but the newest ``keep`` published steps (never the tracker's)."""
         latest = read_tracker(self.directory)
         steps = list_steps(self.directory)
         for step in steps[:max(len(steps) - keep, 0)]:
             if step != latest:
                 shutil.rmtree(os.path.join(self.directory, f"step_{step}"), ignore_errors=True)
-        remove_leftovers(self.directory)
+        remove_leftovers(self.directory, below=None if published is None else published + 1)
 
     # ------------------------------------------------------------------ load
     def load(self, directory: str, resume: bool, step: Any = None) -> int:

@@ -16,7 +16,6 @@ optimizer runs as hsdp; ``context_parallel > 1`` is refused. See docs/quickstart
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -38,13 +37,9 @@ from .model_builder import build_model
 from .predict import complete, generate
 from .preflight import callback, preflight
 from .shape import JobShape
+from .step_log import StepLog
 from .steps import build_train_step
 from .topology import Topology
-
-
-def _json_number(value: float):
-    """A float for loss.jsonl: NaN and inf are not JSON, they become null."""
-    return value if math.isfinite(value) else None
 
 
 class TrainingError(RuntimeError):
@@ -96,7 +91,8 @@ class Trainer:
         ckpt = callback(cfg, "CheckpointMonitor")
         keep = int(ckpt.get("keep_checkpoint_max", 5) or 5) if ckpt is not None else None
         common = dict(directory=self.checkpoint_dir, rank=self.rank, world=self.world, dp=shape.dp,
-                      dp_rank=self.topology.dp_rank, keep=keep, log=self.log)
+                      dp_rank=self.topology.dp_rank, keep=keep, log=self.log,
+                      async_save=bool(ckpt is not None and ckpt.get("async_checkpoint")))
         if shape.predicting:
             from ..data.tokenizer import LlamaTokenizer
             self.tokenizer = LlamaTokenizer(self.tokenizer_file)
@@ -173,22 +169,6 @@ class Trainer:
             self.model.set_train(was_training)
         return total / steps
 
-    def _open_log(self, start: int) -> str:
-        """The JSONL loss log; a fresh run truncates it, a resumed one keeps steps <= start."""
-        monitor = callback(self.cfg, "MFLossMonitor")
-        path = os.path.abspath((monitor.get("log_file") if monitor is not None else None)
-                               or os.path.join(self.output_dir, "loss.jsonl"))
-        if self.rank == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            kept = []
-            if start > 0 and os.path.exists(path):
-                with open(path) as f:
-                    kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start]
-            with open(path + ".tmp", "w") as f:
-                f.writelines(kept)
-            os.replace(path + ".tmp", path)
-        return path
-
     def _banner(self, start: int) -> str:
         shape, cfg = self.shape, self.cfg
         n_params = sum(int(np.prod(global_shape_of(p))) for p in self.params)   # this pipeline rank's stages
@@ -215,73 +195,60 @@ class Trainer:
         ckpt = callback(cfg, "CheckpointMonitor")
         every = int(ckpt.get("save_checkpoint_steps", 0) or 0) if ckpt is not None else 0
         monitor = callback(cfg, "MFLossMonitor")
-        print_every = int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1
         evaluator = callback(cfg, "EvalCallBack")
         eval_every = int(evaluator.get("eval_interval", 100) or 100) if evaluator is not None else 0
         self.log(self._banner(start))
-        log_path = self._open_log(start)
-        history = []
-        tokens_per_step = self.global_batch * int(cfg.model.model_config.seq_length)
-        batches = self.inputs.batches()
-        timed, timed_steps = 0.0, 0          # wall time of steps after this session's first (compile, warm-up)
-        last_saved = start
+        steps = StepLog((monitor.get("log_file") if monitor is not None else None)
+                        or os.path.join(self.output_dir, "loss.jsonl"), self.rank, start, self.total_steps,
+                        self.global_batch * int(cfg.model.model_config.seq_length),
+                        int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1, self.log)
+        history, batches, last_saved = [], self.inputs.batches(), start
         applied = int(self.optimizer.global_step.asnumpy())   # optimizer steps taken (skipped steps excluded)
-        limit = int(cfg.runner_config.get("max_consecutive_skipped_steps", 5))
-        in_a_row = 0
-        for step in range(start, self.total_steps):
-            self.faults.before_step(step + 1)
-            poisoned = self._poison is not None and self.faults.nan_at(step + 1)
-            if poisoned:
-                ms.ops.assign(self._poison, Tensor(float("nan"), ms.float32))
-            t0 = time.monotonic()
-            ids, labels = next(batches)
-            t1 = time.monotonic()
-            loss, norm = self.step_fn(Tensor(ids), Tensor(labels))
-            loss, norm = float(loss), float(norm)
-            if poisoned:
-                ms.ops.assign(self._poison, Tensor(1.0, ms.float32))
-            t2 = time.monotonic()
-            lr = self.lr.at(applied)         # the rate this step used (AdamW takes lr(optimizer step))
-            skipped = self.guard is not None and not self.guard.is_ok(norm)
-            applied += not skipped
-            in_a_row = in_a_row + 1 if skipped else 0
-            if step > start:
-                timed, timed_steps = timed + (t2 - t0), timed_steps + 1
-            eta = (timed / timed_steps if timed_steps else (t2 - t0)) * (self.total_steps - step - 1)
-            record = {"step": step + 1, "loss": _json_number(loss), "lr": lr, "grad_norm": _json_number(norm),
-                      "tokens_per_s": tokens_per_step / (t2 - t1), "step_time_s": t2 - t0}
-            if skipped:
-                record["skipped"] = True
-            history.append(record)
-            if (step + 1) % print_every == 0 or step + 1 == self.total_steps or skipped or not math.isfinite(loss):
-                self.log(f"step {step + 1:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  grad_norm {norm:.3f}  "
-                         f"{tokens_per_step / (t2 - t1):,.0f} tok/s  ETA {eta:.0f}s"
-                         + (f"  skipped ({self.guard.describe()}; {in_a_row} in a row)" if skipped else ""))
-            if eval_every and (step + 1) % eval_every == 0:
-                record["eval_loss"] = self.evaluate()
-                self.log(f"step {step + 1:>4}/{self.total_steps}  eval_loss {record['eval_loss']:.4f}  "
-                         f"({cfg.eval_dataset.eval_steps} batches of {cfg.eval_dataset.dataset_dir})")
-            if self.rank == 0:
-                with open(log_path, "a") as f:
-                    f.write(json.dumps(record, allow_nan=False) + "\n")
-            beat(step + 1)
-            if in_a_row >= limit:
-                beat(step + 1, "stopped")
-                raise TrainingError(f"step {step + 1}: {in_a_row} steps in a row skipped ({self.guard.describe()}; "
-                                    f"runner_config.max_consecutive_skipped_steps = {limit}); the weights are those "
-                                    f"of step {step + 1 - in_a_row}. Lower the learning rate or check the data, then "
-                                    "resume from the last checkpoint")
-            if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):
-                beat(step + 1, "stopped")
-                raise TrainingError(f"step {step + 1}: loss {loss}, gradient norm {norm}, and "
-                                    "runner_config.use_skip_step_on_nan is off, so the update was applied and "
-                                    "nothing after step " f"{last_saved} is saved; set use_skip_step_on_nan: True to "
-                                    "skip such steps")
-            if every and (step + 1) % every == 0:
-                self.save(step + 1)
-                last_saved = step + 1
+        limit, in_a_row = int(cfg.runner_config.get("max_consecutive_skipped_steps", 5)), 0
+        try:
+            for step in range(start + 1, self.total_steps + 1):      # 1-based, as logged
+                self.faults.before_step(step)
+                poisoned = self._poison is not None and self.faults.nan_at(step)
+                if poisoned:
+                    ms.ops.assign(self._poison, Tensor(float("nan"), ms.float32))
+                t0 = time.monotonic()
+                ids, labels = next(batches)
+                t1 = time.monotonic()
+                loss, norm = (float(x) for x in self.step_fn(Tensor(ids), Tensor(labels)))
+                t2 = time.monotonic()
+                if poisoned:
+                    ms.ops.assign(self._poison, Tensor(1.0, ms.float32))
+                lr = self.lr.at(applied)          # the rate this step used (AdamW takes lr(optimizer step))
+                skipped = self.guard is not None and not self.guard.is_ok(norm)
+                applied, in_a_row = applied + (not skipped), in_a_row + 1 if skipped else 0
+                record = steps.step(step, loss, norm, lr, t0, t1, t2, skipped and
+                                    f"{self.guard.describe()}; {in_a_row} in a row")
+                history.append(record)
+                if eval_every and step % eval_every == 0:
+                    record["eval_loss"] = self.evaluate()
+                    self.log(f"step {step:>4}/{self.total_steps}  eval_loss {record['eval_loss']:.4f}  "
+                             f"({cfg.eval_dataset.eval_steps} batches of {cfg.eval_dataset.dataset_dir})")
+                steps.write(record)
+                beat(step)
+                if in_a_row >= limit:
+                    beat(step, "stopped")
+                    raise TrainingError(f"step {step}: {in_a_row} steps in a row skipped ({self.guard.describe()}; "
+                                        f"runner_config.max_consecutive_skipped_steps = {limit}); the weights are "
+                                        f"those of step {step - in_a_row}. Lower the learning rate or check the data, "
+                                        "then resume from the last checkpoint")
+                if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):
+                    beat(step, "stopped")
+                    raise TrainingError(f"step {step}: loss {loss}, gradient norm {norm}, and runner_config."
+                                        "use_skip_step_on_nan is off, so the update was applied and nothing after "
+                                        f"step {last_saved} is saved; set use_skip_step_on_nan: True to skip such steps")
+                if every and step % every == 0:
+                    self.save(step)
+                    last_saved = step
+        finally:
+            self.checkpointer.wait()         # a save in flight is part of the run, even a stopped one
         if every and last_saved < self.total_steps:
             self.save(self.total_steps)
+        self.checkpointer.wait()
         beat(self.total_steps, "done")
         return history
 
