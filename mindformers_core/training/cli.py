@@ -1,13 +1,19 @@
 """The MindFormers-style command line: ``run_mindformer.py`` / ``python -m mindformers_core.run`` /
 ``mindformers-run``.
 
-Flags as in MindFormers (``--config``, ``--run_mode``, ``--use_parallel``, ``--load_checkpoint``,
-``--resume_training``, ``--auto_trans_ckpt``, ``--train_dataset_dir``, ``--output_dir``,
-``--register_path``, ``--seed``, ``--mode``) plus dotted overrides of existing keys
-(``--parallel_config.model_parallel 2``); ``--predict_data`` and ``--max_new_tokens`` for
-``--run_mode predict``. The whole configuration (schema, cross-key rules, then the trainer's own
-checks) is validated before any process group is created; a bad one exits with code 2 and one
-line per problem. See docs/quickstart.md.
+Every flag of MindFormers' ``run_mindformer.py`` is accepted: those with a meaning here are applied
+(``--config``, ``--run_mode`` train/finetune/eval/predict, ``--use_parallel``, ``--load_checkpoint``,
+``--resume_training``, ``--auto_trans_ckpt``, ``--train_dataset_dir``, ``--eval_dataset_dir``,
+``--do_eval``, ``--output_dir``, ``--register_path``, ``--seed``, ``--mode``, ``--device_target``,
+``--epochs``, ``--batch_size``, ``--gradient_accumulation_steps``, ``--sink_mode``, ``--options a.b=v
+...``, ``--predict_data`` with one or several prompts), the Ascend/graph-mode ones are validated and
+listed as not applied (``--device_id``, ``--src_strategy_path_or_dir``, ``--profile``, ...). Dotted
+overrides ``--a.b value`` or ``--a.b=value`` set keys in the file's own dialect. Ours:
+``--max_new_tokens`` (predict), ``--check_config`` (print the resolved config and the parallel plan,
+exit 0 or 2, nothing trained) and ``--worker_num`` (the worker count ``--check_config`` checks for).
+A relative ``--config`` is looked up in the current directory, then in the repository (MindFormers:
+the repository). The whole configuration is validated before any process group is created; a bad one
+exits with code 2 and one line per problem. See docs/quickstart.md.
 """
 from __future__ import annotations
 
@@ -16,42 +22,187 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-FLAGS = {  # flag -> config key
+FLAGS = {  # flag -> config key (graph-mode dialect)
     "run_mode": "run_mode", "use_parallel": "use_parallel", "load_checkpoint": "load_checkpoint",
     "resume_training": "resume_training", "auto_trans_ckpt": "auto_trans_ckpt",
     "train_dataset_dir": "train_dataset.dataset_dir", "output_dir": "output_dir", "seed": "seed",
-    "mode": "context.mode",
+    "mode": "context.mode", "device_target": "context.device_target", "do_eval": "do_eval",
+    "eval_dataset_dir": "eval_dataset.dataset_dir", "epochs": "runner_config.epochs",
+    "batch_size": "runner_config.batch_size", "gradient_accumulation_steps": "runner_config.gradient_accumulation_steps",
+    "sink_mode": "runner_config.sink_mode",
 }
+# The same flags for a PyNative TrainConfig file; None: no such setting in that dialect (a named error).
+PYNATIVE_FLAGS = {
+    "train_dataset_dir": "train_dataset.dataloader.dataset_dir", "seed": "training.seed",
+    "batch_size": "training.local_batch_size", "load_checkpoint": "checkpoint.load_path",
+    "epochs": None, "gradient_accumulation_steps": None, "sink_mode": None, "do_eval": None,
+    "eval_dataset_dir": "eval_dataset.dataset_dir",
+}
+# MindFormers' flags for Ascend, strategy files, remote storage, multi-modal and sampled inference:
+# validated (type), then listed as not applied on CPU.
+NOT_APPLIED_FLAGS = {
+    "device_id": int, "src_strategy_path_or_dir": str, "transform_process_num": int, "only_save_strategy": "bool",
+    "strategy_load_checkpoint": str, "remote_save_url": str, "profile": "bool", "num_samples": int,
+    "trust_remote_code": "bool", "predict_batch_size": int, "do_sample": "bool",
+}
+LIST_FLAGS = ("adapter_id", "modal_type")
 PROG = "run_mindformer.py"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bool(text: str) -> bool:
+    """MindFormers' str2bool: true/false in any case (also 1/0)."""
+    low = str(text).lower()
+    if low in ("true", "1"):
+        return True
+    if low in ("false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (True or False)")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def resolve_config_path(path: str) -> str:
+    """A relative ``--config`` from the current directory, else from the repository (MindFormers
+    resolves it against the directory of run_mindformer.py)."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    in_repo = os.path.join(REPO, path)
+    return in_repo if os.path.exists(in_repo) else path
 
 
 def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[Tuple[str, str]]]:
-    """``(flags, [(dotted key, value), ...])``: MindFormers' flags mapped to their config keys,
-    followed by the ``--a.b value`` overrides in the order given."""
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help="YAML file")
+    """``(flags, [(dotted key, value), ...])``: MindFormers' flags mapped to their config keys
+    (graph-mode names; ``main`` renames them for a PyNative file), then ``--options`` pairs, then the
+    ``--a.b value`` / ``--a.b=value`` overrides in the order given."""
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
+    ap.add_argument("--config", required=True, help="YAML file (either MindFormers dialect)")
     for flag in FLAGS:
         ap.add_argument(f"--{flag}", default=None)
+    for flag, kind in NOT_APPLIED_FLAGS.items():
+        ap.add_argument(f"--{flag}", default=None, type=_bool if kind == "bool" else
+                        (_non_negative if flag == "device_id" else kind), help="accepted; not applied on CPU")
+    for flag in LIST_FLAGS:
+        ap.add_argument(f"--{flag}", default=None, nargs="+", help="accepted; not applied on CPU")
     ap.add_argument("--register_path", default=None,
                     help="directory of user model code; its models register with @register_model")
-    ap.add_argument("--predict_data", default="Return the", help="prompt for run_mode=predict")
+    ap.add_argument("--options", default=None, nargs="+", metavar="KEY=VALUE",
+                    help="overrides merged into the config, as MindFormers' --options a.b=v c.d=w")
+    ap.add_argument("--predict_data", default=None, nargs="+", help="prompt(s) for run_mode=predict")
     ap.add_argument("--max_new_tokens", default=32, type=int, help="tokens generated in run_mode=predict")
+    ap.add_argument("--check_config", action="store_true",
+                    help="print the resolved config and the parallel plan, then exit 0 (valid) or 2")
+    ap.add_argument("--worker_num", default=None, type=int,
+                    help="with --check_config: the worker count to check for (default MS_WORKER_NUM or 1)")
     args, rest = ap.parse_known_args(list(argv))
     overrides = [(key, getattr(args, flag)) for flag, key in FLAGS.items() if getattr(args, flag) is not None]
-    if len(rest) % 2:
-        ap.error(f"overrides come in pairs '--a.b value'; got {rest}")
-    for key, value in zip(rest[::2], rest[1::2]):
+    for item in args.options or []:
+        if "=" not in item:
+            ap.error(f"--options takes key=value pairs; got {item!r}")
+        key, value = item.split("=", 1)
+        overrides.append((key.lstrip("-"), value))
+    tokens: List[str] = []
+    for item in rest:               # --a.b=v is --a.b v (MindFormers splits on '=')
+        tokens += item.split("=", 1) if item.startswith("--") and "=" in item else [item]
+    if len(tokens) % 2:
+        ap.error(f"overrides come in pairs '--a.b value' or '--a.b=value'; got {rest}")
+    for key, value in zip(tokens[::2], tokens[1::2]):
         if not key.startswith("--"):
             ap.error(f"expected '--key value', got {key!r}")
         overrides.append((key[2:], value))
     return args, overrides
 
 
+def _dialect_overrides(args: argparse.Namespace, overrides: List[Tuple[str, str]], raw: dict):
+    """The flags' keys in the file's dialect (``--train_dataset_dir`` is ``data_loader.dataset_dir``
+    in a graph-mode file that has a data_loader, ``dataloader.dataset_dir`` in a PyNative one)."""
+    from .config import ConfigError
+    from .dialects import PYNATIVE, detect
+    dialect = detect(raw)
+    by_key = {key: flag for flag, key in FLAGS.items() if getattr(args, flag) is not None}
+    out, errors = [], []
+    for i, (key, value) in enumerate(overrides):
+        flag = by_key.get(key) if i < len(by_key) else None
+        if flag and dialect == PYNATIVE and flag in PYNATIVE_FLAGS:
+            if PYNATIVE_FLAGS[flag] is None:
+                errors.append(f"--{flag} {value}: the PyNative TrainConfig has no such setting"
+                              + ("; use --training.steps" if flag == "epochs" else
+                                 "; set training.global_batch_size" if flag == "gradient_accumulation_steps" else ""))
+                continue
+            key = PYNATIVE_FLAGS[flag]
+        elif flag == "train_dataset_dir" and isinstance((raw.get("train_dataset") or {}).get("data_loader"), dict):
+            key = "train_dataset.data_loader.dataset_dir"
+        elif flag == "eval_dataset_dir" and isinstance((raw.get("eval_dataset") or {}).get("data_loader"), dict):
+            key = "eval_dataset.data_loader.dataset_dir"
+        out.append((key, value))
+    if errors:
+        raise ConfigError(errors, "command line")
+    return out
+
+
+def _flags_not_applied(args: argparse.Namespace) -> List[Tuple[str, str]]:
+    from .mindformers_keys import ASCEND, GRAPH_PARALLEL, INFERENCE, MISC, PROFILER
+    why = {"device_id": ASCEND, "profile": PROFILER, "remote_save_url": MISC, "trust_remote_code": MISC,
+           "num_samples": MISC, "predict_batch_size": INFERENCE, "do_sample": INFERENCE, "adapter_id": INFERENCE,
+           "modal_type": INFERENCE}
+    return [(f"--{flag}", why.get(flag, GRAPH_PARALLEL)) for flag in (*NOT_APPLIED_FLAGS, *LIST_FLAGS)
+            if getattr(args, flag) is not None]
+
+
+def print_plan(config, worker_num: int, out=None) -> None:
+    """The resolved config (schema keys, YAML) and the parallel plan: sizes, rank order, each rank's
+    coordinates, pipeline stages and their layers."""
+    import yaml
+    from .shape import JobShape
+    from .topology import Topology
+    out = out or sys.stdout
+    report = getattr(config, "report", None)
+    print(f"# resolved config ({report.dialect if report else 'graph'} dialect read into the schema's keys)",
+          file=out)
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None).rstrip(), file=out)
+    shape = JobShape.from_config(config)
+    mc = config.model.model_config
+    print(f"# parallel plan: {shape.workers} worker(s) = dp {shape.dp} x tp {shape.tp} x cp {shape.cp} x "
+          f"pp {shape.pp}, rank order {shape.rank_order}", file=out)
+    if shape.cp > 1:
+        print(f"  context parallel {shape.cp}: the sequence of {mc.seq_length} split in {shape.cp}", file=out)
+        return
+    try:
+        topo = [Topology(r, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, order=shape.rank_order)
+                for r in range(shape.pp * shape.dp * shape.tp)]
+    except ValueError as e:
+        print(f"  (no plan: {e})", file=out)
+        return
+    split = config.parallel.pipeline_config.layers_per_stage
+    ranges = None
+    if shape.pp > 1:
+        try:
+            ranges = topo[0].layer_ranges(int(mc.num_layers), split) if isinstance(split, list) else None
+        except (TypeError, ValueError):
+            ranges = None
+        print(f"  pipeline: {shape.scheduler}, {topo[0].stage_num} stages, {shape.micro_batch_num} micro-batches; "
+              f"layers per stage: {[len(r) for r in ranges] if ranges else split or 'uniform/offset'}", file=out)
+    batch = int(config.runner_config.batch_size) * shape.micro_batch_num * shape.accumulate
+    print(f"  global batch {batch * shape.dp} = batch_size {config.runner_config.batch_size} x micro-batches "
+          f"{shape.micro_batch_num} x accumulation {shape.accumulate} x dp {shape.dp}; seq_length {mc.seq_length}",
+          file=out)
+    for t in topo[:64]:
+        print(f"  {t.describe()}", file=out)
+    if len(topo) > 64:
+        print(f"  ... {len(topo) - 64} more ranks", file=out)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the job; returns the exit code (2 = invalid configuration, printed to stderr)."""
     args, overrides = parse(sys.argv[1:] if argv is None else argv)
-    from .config import ConfigError, load_config
-    worker_num = int(os.environ.get("MS_WORKER_NUM", "1"))
+    from .config import ConfigError, read_yaml, validate
+    worker_num = int(args.worker_num or os.environ.get("MS_WORKER_NUM", "1"))
+    rank0 = os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0")) in ("0", "")
     try:
         if args.register_path:
             from ..models import import_register_path
@@ -59,16 +210,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 import_register_path(args.register_path)
             except ValueError as e:
                 raise ConfigError([str(e)]) from None
-        config = load_config(args.config, [f"{k}={v}" for k, v in overrides], worker_num=worker_num)
+        path = resolve_config_path(args.config)
+        raw = read_yaml(path)
+        problems = []
+        if args.modal_type and any(str(m).lower() != "text" for m in args.modal_type):
+            problems.append(f"--modal_type {' '.join(args.modal_type)}: only text prompts are supported here")
+        if args.worker_num is not None and not args.check_config:
+            problems.append(f"--worker_num {args.worker_num}: only with --check_config (a run takes the worker "
+                            "count from msrun)")
+        if problems:
+            raise ConfigError(problems, "command line")
+        config = validate(raw, [f"{k}={v}" for k, v in _dialect_overrides(args, overrides, raw)],
+                          worker_num=worker_num, source=path)
+        config.report.not_applied += _flags_not_applied(args)
+        if args.check_config:
+            return check(config, path, worker_num)
+        if rank0:
+            for line in config.report.summary(os.path.basename(path)):
+                print(line, flush=True)
         from .trainer import Trainer
-        trainer = Trainer(config, worker_num=worker_num)     # the trainer's checks: still no process group
+        if config.run_mode == "eval" and "overwrite_output_dir" in config:
+            config["overwrite_output_dir"] = True          # eval writes no loss log or checkpoint
+        try:
+            trainer = Trainer(config, worker_num=worker_num)  # the trainer's checks: still no process group
+        except ConfigError as e:                             # named as the file writes the keys
+            raise ConfigError([config.report.rename(x) for x in e.errors], path) from None
         if config.run_mode in ("train", "finetune"):
             trainer.train()
-        else:                                                # predict (the schema allows nothing else)
+        elif config.run_mode == "eval":
+            trainer.setup()
+            if trainer.restore() == 0 and not config.load_checkpoint:
+                print(f"{PROG}: evaluating randomly initialised weights (no load_checkpoint)", file=sys.stderr)
+            loss = trainer.evaluate()
+            trainer.log(f"eval_loss {loss:.4f} ({config.eval_dataset.eval_steps} batches of "
+                        f"{config.eval_dataset.dataset_dir})")
+        else:                                                # predict
             trainer.setup()
             if trainer.restore() == 0 and not config.load_checkpoint:
                 print(f"{PROG}: predicting from randomly initialised weights (no load_checkpoint)", file=sys.stderr)
-            print(trainer.predict(args.predict_data, int(args.max_new_tokens)), flush=True)
+            for prompt in args.predict_data or ["Return the"]:
+                print(trainer.predict(prompt.replace("\\n", "\n"), int(args.max_new_tokens)), flush=True)
     except ConfigError as e:
         print(f"{PROG}: invalid configuration:\n{e}", file=sys.stderr, flush=True)
         return 2
@@ -82,4 +263,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"{PROG}: training stopped: {e}", file=sys.stderr, flush=True)
         return 1
+    return 0
+
+
+def check(config, path: str, worker_num: int) -> int:
+    """``--check_config``: the trainer's own checks (files, tokenizer, schedule; no process group),
+    then the resolved config, the parallel plan and the keys not applied; 0 when valid, else 2."""
+    from .config import ConfigError
+    from .preflight import preflight
+    from .shape import JobShape
+    try:
+        preflight(config, JobShape.from_config(config), worker_num, os.path.abspath(config.output_dir))
+    except ConfigError as e:
+        raise ConfigError([config.report.rename(x) for x in e.errors], path) from None
+    print_plan(config, worker_num)
+    for line in config.report.summary(os.path.basename(path)):
+        print(line)
+    print(f"{PROG}: {path} is valid for {worker_num} worker(s)", flush=True)
     return 0

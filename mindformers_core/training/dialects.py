@@ -73,6 +73,12 @@ class Report:
         if self.dialect == PYNATIVE:
             message = re.sub(r"(?<![\w.])model\.model_config\.(\w+)",
                              lambda m: names.get(m.group(0), f"model.{m.group(1)}"), message)
+        if self.dialect == PYNATIVE and message.startswith("parallel_config = data_parallel"):
+            message = "parallelism" + message[len("parallel_config"):]
+            for ours, theirs in (("data_parallel ", "data_parallel_shard "), ("model_parallel ", "tensor_parallel "),
+                                 ("pipeline_stage ", "pipeline_parallel ")):
+                message = message.replace(ours, theirs, 1)
+            return message
         if not names:
             return message
         pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
@@ -111,8 +117,11 @@ def known_paths(dialect: str) -> List[str]:
     if dialect == PYNATIVE:
         keys = list(K.PYNATIVE_ALIASES) + list(K.PYNATIVE_NOT_APPLIED) + [k for k in K.PYNATIVE_SPECIAL]
         keys += [f"model.{k}" for k in _model_names()]
+        keys += [f"eval_dataset.{p}" for p, _ in iter_fields(lookup("eval_dataset"))]
+        keys += [f"callbacks.{p}" for p, _ in iter_fields(lookup("callbacks"))]
     else:
         keys = [p for p, _ in iter_fields()] + list(K.GRAPH_ALIASES) + list(K.GRAPH_NOT_APPLIED)
+        keys += list(K.GRAPH_SPECIAL)
         keys += [f"model.model_config.{k}" for k in _model_names()]
     return sorted({k[:-2] if k.endswith(".*") else k for k in keys})
 
@@ -130,6 +139,11 @@ def suggest(path: str, dialect: str) -> Optional[str]:
     by_leaf: Dict[str, str] = {}
     for p in sorted(paths, key=lambda p: p.count(".")):
         by_leaf.setdefault(p.rpartition(".")[2], p)
+    parents = {p.rpartition(".")[0] for p in paths}
+    if parent and parent not in parents:                            # a misspelt section: the closest full path
+        close = difflib.get_close_matches(path, paths, n=1, cutoff=0.8)
+        if close:
+            return close[0]
     if name in by_leaf and by_leaf[name] != path:
         return by_leaf[name]
     siblings = [p.rpartition(".")[2] for p in paths if p.rpartition(".")[0] == parent]
@@ -328,6 +342,8 @@ def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
             _set(t.out, path, value)                                 # unknown: the schema check names it
         elif _match(path, K.GRAPH_NOT_APPLIED) is not None:
             t.skip(path, _match(path, K.GRAPH_NOT_APPLIED))
+        elif "." in path and lookup(path.split(".")[0]) is not None:
+            t.errors.append(unknown(path, value, GRAPH))             # under a schema section: name the leaf
         else:
             _set(t.out, path, value)                                 # unknown section: the schema check names it
     betas = [_get(raw, "optimizer.beta1", None), _get(raw, "optimizer.beta2", None)]
@@ -556,8 +572,10 @@ def override_known(path: str, dialect: str) -> bool:
     """Whether an override ``--path`` names a key of ``dialect`` (the schema's, or the table's)."""
     if dialect == GRAPH and lookup(path) is not None:
         return True
+    stars = {k: True for k in (K.GRAPH_SPECIAL if dialect == GRAPH else K.PYNATIVE_SPECIAL) if k.endswith(".*")}
     return path in known_paths(dialect) or any(p.startswith(path + ".") for p in known_paths(dialect)) or \
-        _match(path, K.GRAPH_NOT_APPLIED if dialect == GRAPH else K.PYNATIVE_NOT_APPLIED) is not None
+        _match(path, K.GRAPH_NOT_APPLIED if dialect == GRAPH else K.PYNATIVE_NOT_APPLIED) is not None or \
+        _match(path, stars) is not None
 
 
 def table_markdown() -> str:

@@ -101,6 +101,11 @@ MOE_SETTINGS_ONLY = ("router_dense_type", "moe_grouped_gemm", "use_fused_ops_top
 MOE_MESSAGE = ("mixture of experts is not implemented yet; remove the MoE keys (a dense model) or wait for the "
                "MoE support")
 
+# Keys of MindFormers' data loaders (MindDataset, BlendedMegatronDatasetDataLoader, ...) other than
+# type/dataset_dir/shuffle, which are read
+LOADER_KEYS = ("config.*", "sizes", "datasets_type", "num_samples", "python_multiprocessing", "columns_list",
+               "file_format", "phase", "path", "data_files", "tokenizer", "max_length", "split", "shuffle_seed")
+
 # ---------------------------------------------------------------------------------------------------
 # Graph-mode dialect: user path -> schema path (applied; value transforms in dialects.py)
 GRAPH_ALIASES: Dict[str, str] = {
@@ -138,7 +143,9 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{k: PROFILER for k in ("profile", "profile_start_step", "profile_stop_step", "init_start_profile",
                              "profile_communication", "profile_memory", "profile_rank_ids", "profile_pipeline",
                              "profile_level", "profile_output", "auto_tune", "filepath_prefix", "autotune_per_step")},
-    **{k: WRAPPER for k in ("runner_wrapper.type", "runner_wrapper.scale_sense", "runner_wrapper.scale_sense.*",
+    **{k: WRAPPER for k in ("runner_wrapper.type", "runner_wrapper.scale_sense", "runner_wrapper.scale_sense.type",
+                            "runner_wrapper.scale_sense.loss_scale_value", "runner_wrapper.scale_sense.scale_factor",
+                            "runner_wrapper.scale_sense.scale_window",
                             "runner_wrapper.local_norm", "runner_wrapper.calculate_per_token_loss",
                             "runner_wrapper.use_skip_data_by_global_norm", "runner_config.sink_mode",
                             "runner_config.sink_size", "optimizer.swap", "lr_schedule.warmup_lr_init",
@@ -151,8 +158,10 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{k: INFERENCE for k in ("processor.*", "predict_batch_size", "input_data", "adapter_id")},
     **{f"{d}.{k}": LOADER for d in ("train_dataset", "eval_dataset") for k in (
         "input_columns", "output_columns", "construct_args_key", "python_multiprocessing", "repeat", "numa_enable",
-        "prefetch_size", "batch_size", "seed", "pad_token_id", "dynamic_batch", "data_loader.*",
+        "prefetch_size", "batch_size", "seed", "pad_token_id", "dynamic_batch",
+        *(f"data_loader.{x}" for x in LOADER_KEYS),
         "num_parallel_workers", "drop_remainder")},
+    "eval_dataset.data_loader.shuffle": LOADER,
     **{k: LOADER for k in ("train_dataset_task.*", "eval_dataset_task.*", "eval_step_interval",
                            "eval_epoch_interval", "do_eval")},
     **{f"callbacks.{k}": CHECKPOINT_IO for k in (
@@ -225,9 +234,16 @@ PYNATIVE_NOT_APPLIED: Dict[str, str] = {
     "optimizer.weight_decay_include": MISC, "optimizer.weight_decay_exclude": MISC,
     "lr_scheduler.warmup_lr_init": WRAPPER, "lr_scheduler.decay_steps": WRAPPER,
     **{f"train_dataset.{k}": LOADER for k in ("prefetch_size", "numa_enable", "use_distribute_dataset",
-                                              "dataloader.python_multiprocessing", "dataloader.column_names",
-                                              "dataloader.*")},
-    "monitor.*": MONITOR, "profiler.*": PROFILER,
+                                              "dataloader.column_names",
+                                              *(f"dataloader.{x}" for x in LOADER_KEYS))},
+    **{f"monitor.{k}": MONITOR for k in (
+        "health_checkpoint.embedding_local_norm_threshold", "health_checkpoint.global_norm_skip_threshold",
+        "health_checkpoint.global_norm_skip_time", "train_state.local_norm", "train_state.local_loss",
+        "train_state.device_norm", "train_state.device_loss", "tensorboard.output_dir", "tensorboard.log_interval",
+        "tensorboard.queue_size", "moe_monitor.save_tokens_per_expert_interval", "moe_monitor.target_layers")},
+    **{f"profiler.{k}": PROFILER for k in ("enable_profiling", "start_step", "end_step", "output_path",
+                                           "profiler_rank", "profiler_level", "mstx", "profile_memory",
+                                           "profile_cpu", "with_stack")},
     **{f"context.{k}": ASCEND for k in ("max_device_memory", "device_id", "jit_config.*", "ascend_config.*",
                                         "max_call_depth", "memory_optimize_level", "deterministic")},
     "recompute.full_recompute_layer": KERNELS, "recompute.select_module": KERNELS, "recompute.exclude_op": KERNELS,

@@ -25,6 +25,12 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 _JSONL = (".jsonl", ".json")
 
 
+def _device_target() -> str:
+    """The device the model will run on (as distributed.env picks it), without creating a process group."""
+    import mindspore as ms
+    return os.environ.get("MFC_DEVICE_TARGET") or ms.get_context("device_target")
+
+
 def callback(cfg: Config, kind: str) -> Optional[Config]:
     """The last ``callbacks`` entry of ``type: kind``, or None."""
     found = [cb for cb in (cfg.callbacks or []) if cb.get("type") == kind]
@@ -119,6 +125,11 @@ class _Checks:
         if cfg.model.arch.type not in models:
             errors.append(f"model.arch.type = {cfg.model.arch.type!r}: registered models are {models} "
                           "(user models register with @register_model and load with --register_path)")
+        mc = cfg.model.model_config
+        for key in ("compute_dtype", "param_init_dtype"):
+            if mc[key] == "bfloat16" and _device_target() == "CPU":
+                errors.append(f"model.model_config.{key} = 'bfloat16': MindSpore's CPU kernels have no bfloat16 "
+                              "MatMul/BatchMatMul/Softmax; set it to float32 (or float16) on CPU")
         if cfg.optimizer.type != "AdamW":
             errors.append(f"optimizer.type = {cfg.optimizer.type!r}: only AdamW is wired into this trainer")
         max_steps = int(rc.max_steps)
@@ -223,8 +234,8 @@ class _Checks:
                                "--overwrite_output_dir True (replaces that run's log and checkpoints)")
 
     def eval_files(self) -> Optional[List[str]]:
-        """EvalCallBack's held-out data (``eval_dataset``), or None without that callback."""
-        if callback(self.cfg, "EvalCallBack") is None:
+        """EvalCallBack's (or run_mode eval's) held-out data (``eval_dataset``), or None without them."""
+        if callback(self.cfg, "EvalCallBack") is None and self.cfg.run_mode != "eval":
             return None
         ev = self.cfg.eval_dataset
         if self.shape.pp > 1:
