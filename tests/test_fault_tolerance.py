@@ -269,3 +269,17 @@ def test_a_failing_async_save_is_reported_and_the_previous_step_stays_latest(tin
     assert "async save of step 2 failed on rank 0: OSError: [Errno 28] No space left on device" in \
         capsys.readouterr().out
     assert steps_in(out) == [1, 3, 4] and read_tracker(str(out / "checkpoint")) == 4
+
+
+def test_one_process_restarts_from_its_checkpoint_with_the_uninterrupted_losses(tiny, tmp_path):
+    whole, restarted = tmp_path / "whole", tmp_path / "restarted"
+    assert run_mindformer.main(args(tiny, whole, *EVERY_STEP)) == 0
+    env = dict(os.environ, PYTHONPATH=ROOT, MFC_FAULT="exit:0:3", MFC_FAULT_ONCE=str(tmp_path / "fired"))
+    res = subprocess.run([sys.executable, "run_mindformer.py", *args(tiny, restarted, *EVERY_STEP),
+                          "--max_restarts", "1", "--heartbeat_timeout", "120"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "supervisor: rank 0 died" in res.stderr or "exited with code 43" in res.stderr
+    assert "restart 1 of 1 with --resume_training True" in res.stderr
+    assert [(r["step"], r["loss"], r["grad_norm"]) for r in strict_records(restarted)] == \
+        [(r["step"], r["loss"], r["grad_norm"]) for r in strict_records(whole)]

@@ -95,6 +95,10 @@ def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[Tuple[str, str]
                     help="overrides merged into the config, as MindFormers' --options a.b=v c.d=w")
     ap.add_argument("--predict_data", default=None, nargs="+", help="prompt(s) for run_mode=predict")
     ap.add_argument("--max_new_tokens", default=32, type=int, help="tokens generated in run_mode=predict")
+    ap.add_argument("--max_restarts", default=0, type=_non_negative,
+                    help="run under a supervisor that restarts a failed job from its latest checkpoint up to N times")
+    ap.add_argument("--heartbeat_timeout", default=600.0, type=float,
+                    help="with --max_restarts: seconds without a finished step before the job counts as stalled")
     ap.add_argument("--check_config", action="store_true",
                     help="print the resolved config and the parallel plan, then exit 0 (valid) or 2")
     ap.add_argument("--worker_num", default=None, type=int,
@@ -199,7 +203,8 @@ def print_plan(config, worker_num: int, out=None) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the job; returns the exit code (2 = invalid configuration, printed to stderr)."""
-    args, overrides = parse(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, overrides = parse(argv)
     from .config import ConfigError, read_yaml, validate
     worker_num = int(args.worker_num or os.environ.get("MS_WORKER_NUM", "1"))
     rank0 = os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0")) in ("0", "")
@@ -225,6 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config.report.not_applied += _flags_not_applied(args)
         if args.check_config:
             return check(config, path, worker_num)
+        if args.max_restarts and not os.environ.get("MFC_SUPERVISED"):
+            return _supervised(argv, args, config, worker_num)
         if rank0:
             for line in config.report.summary(os.path.basename(path)):
                 print(line, flush=True)
@@ -264,6 +271,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: training stopped: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _without(argv: List[str], flags: Sequence[str]) -> List[str]:
+    """``argv`` less the given ``--flag value`` / ``--flag=value`` pairs."""
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in flags:
+            skip = True
+        elif not any(item.startswith(f + "=") for f in flags):
+            out.append(item)
+    return out
+
+
+def _supervised(argv: List[str], args, config, worker_num: int) -> int:
+    """``--max_restarts``: this command line as a child process under the supervisor (heartbeats,
+    restarts from the latest checkpoint); see docs/fault_tolerance.md."""
+    from .config import ConfigError
+    from .supervisor import supervise
+    if worker_num > 1:
+        raise ConfigError([f"--max_restarts {args.max_restarts} on {worker_num} msrun workers: give "
+                           f"MAX_RESTARTS={args.max_restarts} to scripts/msrun_launcher.sh instead (the supervisor "
+                           "must stand outside msrun)"], "command line")
+    if args.heartbeat_timeout <= 0:
+        raise ConfigError([f"--heartbeat_timeout {args.heartbeat_timeout}: must be > 0 seconds"], "command line")
+    child = [sys.executable, "-m", "mindformers_core.run", *_without(argv, ("--max_restarts", "--heartbeat_timeout"))]
+    return supervise(child, os.path.abspath(config.output_dir), 1, args.max_restarts, args.heartbeat_timeout,
+                     log=lambda text: print(text, file=sys.stderr, flush=True))
 
 
 def check(config, path: str, worker_num: int) -> int:
