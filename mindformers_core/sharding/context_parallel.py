@@ -43,6 +43,18 @@ MASK_VALUE = -1.0e9
 RING_TAG = "cp_ring"
 
 
+def ring_pair_groups(ring: ProcessGroup):
+    """This member's two-rank ring groups, created in one global order (member pairs (m, m+1) by m)
+    so that no two ranks wait on each other's creation."""
+    out = {}
+    n = ring.size
+    for m in range(n):
+        pair = tuple(sorted((ring.ranks[m], ring.ranks[(m + 1) % n])))
+        if ring.rank in pair and pair not in out:
+            out[pair] = new_group(pair, tag=RING_TAG)
+    return out
+
+
 class RingShift(CommCell):
     """Receive the previous ring member's tensor while sending ours to the next member.
 
@@ -72,8 +84,14 @@ class RingShift(CommCell):
             self.flags = K.rank_flags(2, i)
         else:
             self.mode = "pairs"
-            self.send = K._SumAllReduce(new_group(sorted((ring.rank, nxt)), tag=RING_TAG))
-            self.recv = K._SumAllReduce(new_group(sorted((ring.rank, prv)), tag=RING_TAG))
+            pairs = ring_pair_groups(ring)
+            to_next = pairs[tuple(sorted((ring.rank, nxt)))]
+            from_prev = pairs[tuple(sorted((ring.rank, prv)))]
+            # the same graph on every member: first hop, then second; even members send first
+            first, second = (to_next, from_prev) if self.send_first else (from_prev, to_next)
+            self.first = K._SumAllReduce(first)
+            self.second = K._SumAllReduce(second)
+            self.sends_first = K.role_flag(self.send_first)
 
     def construct(self, x):
         if self.mode == "identity":
@@ -91,12 +109,13 @@ class RingShift(CommCell):
             got = self.recv(x)
             token = self.send(self.keep(x, got))
             return self.keep(got, token)
-        if self.send_first:
-            token = self.send(x)
-            return self.recv(ops.zeros_like(self.keep(x, token)))
-        got = self.recv(ops.zeros_like(x))
-        token = self.send(self.keep(x, got))
-        return self.keep(got, token)
+        # the receiver contributes zeros; KeepAlive (not zeros_like of a dependent value, which the
+        # optimizer may fold) orders the hop after the previous one
+        zeros = ops.zeros_like(x)
+        f = self.sends_first
+        a = self.first(_pick(f, x, self.keep(zeros, x)))
+        b = self.second(self.keep(_pick(f, zeros, x), a))
+        return self.keep(_pick(f, b, a), _pick(f, a, b))
 
 
 def _split_last(x, parts):
@@ -152,68 +171,97 @@ def _block_grad(q, k, v, lse, do, dd, mask, scale, groups, repeat):
     return dq, _unrep(dk, groups, repeat), _unrep(dv, groups, repeat)
 
 
-class _ForwardStep(CommCell):
-    """One ring step after the first: receive the next K/V block, attend what the schedule says."""
+def _halves(x, h):
+    return x[:, :, :h], x[:, :, h:]
 
-    def __init__(self, kind, shift, half, scale, repeat):
+
+def _pick(flag, a, b):
+    """``a`` where the rank's flag is set, else ``b`` (same graph on every rank)."""
+    return ops.select(flag.reshape((1,) * a.ndim), a, b)
+
+
+class _ForwardStep(CommCell):
+    """One ring step after the first: receive the next K/V block, attend what the schedule says.
+
+    Every rank compiles the same graph (graph mode orders independent collectives by graph shape:
+    rank-shaped graphs reorder the gradient reductions); the rank's kind is a flag Parameter.
+    Balanced: KV_HEAD (all q x early keys) and Q_TAIL (late q x all keys) share the sub-block
+    (late q x early keys) and differ in one more half-sized sub-block, chosen by the flag: two of
+    the four (h x h) sub-blocks are computed, the other two are really skipped. Unbalanced: the
+    full block is computed and merged only where the flag says FULL (PyNative would skip it; one
+    graph for every rank is worth more here)."""
+
+    def __init__(self, kind, balanced, shift, half, scale, repeat):
         super().__init__()
-        self.kind, self.shift, self.half, self.scale, self.repeat = kind, shift, half, scale, repeat
-        self.keep = K.KeepAlive()
+        self.balanced, self.shift, self.half, self.scale, self.repeat = balanced, shift, half, scale, repeat
+        self.flag = K.role_flag(kind in (KV_HEAD, FULL))
 
     def construct(self, q, o, lse, kv):
         kv = self.shift(kv)
         kt, vt = _split_last(kv, 2)
-        h = self.half
-        if self.kind == FULL:
+        f = self.flag
+        if not self.balanced:
             ob, lb = _block(q, kt, vt, None, self.scale, self.repeat)
-            o, lse = _merge(o, lse, ob, lb)
-        elif self.kind == KV_HEAD:
-            ob, lb = _block(q, kt[:, :, :h], vt[:, :, :h], None, self.scale, self.repeat)
-            o, lse = _merge(o, lse, ob, lb)
-        elif self.kind == Q_TAIL:
-            ob, lb = _block(q[:, :, h:], kt, vt, None, self.scale, self.repeat)
-            ot, lt = _merge(o[:, :, h:], lse[:, :, h:], ob, lb)
-            o = ops.concat((o[:, :, :h], ot), 2)
-            lse = ops.concat((lse[:, :, :h], lt), 2)
-        else:
-            # SKIP: nothing to attend; keep the received block alive so the hop is not pruned
-            o = self.keep(o, kv)
+            om, lm = _merge(o, lse, ob, lb)
+            return _pick(f, om, o), _pick(f, lm, lse), kv
+        h = self.half
+        q_head, q_tail = q[:, :, :h], q[:, :, h:]
+        k_head, k_tail, v_head, v_tail = kt[:, :, :h], kt[:, :, h:], vt[:, :, :h], vt[:, :, h:]
+        oa, la = _block(q_tail, k_head, v_head, None, self.scale, self.repeat)
+        ob, lb = _block(_pick(f, q_head, q_tail), _pick(f, k_head, k_tail), _pick(f, v_head, v_tail), None,
+                        self.scale, self.repeat)
+        o_head, o_tail, l_head, l_tail = o[:, :, :h], o[:, :, h:], lse[:, :, :h], lse[:, :, h:]
+        mh, lmh = _merge(o_head, l_head, ob, lb)
+        t1, lt1 = _merge(o_tail, l_tail, oa, la)
+        t2, lt2 = _merge(t1, lt1, ob, lb)
+        o = ops.concat((_pick(f, mh, o_head), _pick(f, t1, t2)), 2)
+        lse = ops.concat((_pick(f, lmh, l_head), _pick(f, lt1, lt2)), 2)
         return o, lse, kv
 
 
 class _BackwardStep(CommCell):
-    """One backward ring step: (hop, then) add this member's block gradients to the travelling dK/dV."""
+    """One backward ring step: (hop, then) add this member's block gradients to the travelling dK/dV.
+    The same sub-blocks as :class:`_ForwardStep`, selected by the same flag."""
 
-    def __init__(self, kind, shift, half, mask, scale, groups, repeat):
+    def __init__(self, kind, balanced, shift, half, mask, scale, groups, repeat):
         super().__init__()
-        self.kind, self.shift, self.half, self.mask = kind, shift, half, mask
+        self.shift, self.half, self.mask = shift, half, mask
         self.scale, self.groups, self.repeat = scale, groups, repeat
-        self.hop = kind != CAUSAL          # every step but the first (own K/V) starts with a hop
+        self.causal = kind == CAUSAL        # step 0: own K/V, causal mask, no hop
+        self.balanced = balanced
+        self.flag = K.role_flag(kind in (KV_HEAD, FULL))
 
     def construct(self, q, lse, do, dd, dq, kvd):
-        if self.hop:
+        if not self.causal:
             kvd = self.shift(kvd)
         kt, vt, dkt, dvt = _split_last(kvd, 4)
-        h = self.half
-        if self.kind == CAUSAL:
+        f = self.flag
+        if self.causal:
             gq, gk, gv = _block_grad(q, kt, vt, lse, do, dd, self.mask, self.scale, self.groups, self.repeat)
-            dq = dq + gq
-            dkt, dvt = dkt + gk, dvt + gv
-        elif self.kind == FULL:
+            return dq + gq, ops.concat((kt, vt, dkt + gk, dvt + gv), -1)
+        if not self.balanced:
             gq, gk, gv = _block_grad(q, kt, vt, lse, do, dd, None, self.scale, self.groups, self.repeat)
-            dq = dq + gq
-            dkt, dvt = dkt + gk, dvt + gv
-        elif self.kind == KV_HEAD:
-            gq, gk, gv = _block_grad(q, kt[:, :, :h], vt[:, :, :h], lse, do, dd, None, self.scale, self.groups,
-                                     self.repeat)
-            dq = dq + gq
-            dkt = ops.concat((dkt[:, :, :h] + gk, dkt[:, :, h:]), 2)
-            dvt = ops.concat((dvt[:, :, :h] + gv, dvt[:, :, h:]), 2)
-        elif self.kind == Q_TAIL:
-            gq, gk, gv = _block_grad(q[:, :, h:], kt, vt, lse[:, :, h:], do[:, :, h:], dd[:, :, h:], None,
-                                     self.scale, self.groups, self.repeat)
-            dq = ops.concat((dq[:, :, :h], dq[:, :, h:] + gq), 2)
-            dkt, dvt = dkt + gk, dvt + gv
+            zq, zk = ops.zeros_like(gq), ops.zeros_like(gk)
+            return dq + _pick(f, gq, zq), ops.concat((kt, vt, dkt + _pick(f, gk, zk), dvt + _pick(f, gv, zk)), -1)
+        h = self.half
+        q_head, q_tail = _halves(q, h)
+        k_head, k_tail = _halves(kt, h)
+        v_head, v_tail = _halves(vt, h)
+        l_head, l_tail = _halves(lse, h)
+        do_head, do_tail = _halves(do, h)
+        dd_head, dd_tail = _halves(dd, h)
+        gqa, gka, gva = _block_grad(q_tail, k_head, v_head, l_tail, do_tail, dd_tail, None, self.scale,
+                                    self.groups, self.repeat)
+        gqb, gkb, gvb = _block_grad(_pick(f, q_head, q_tail), _pick(f, k_head, k_tail), _pick(f, v_head, v_tail),
+                                    _pick(f, l_head, l_tail), _pick(f, do_head, do_tail), _pick(f, dd_head, dd_tail),
+                                    None, self.scale, self.groups, self.repeat)
+        zq, zk = ops.zeros_like(gqb), ops.zeros_like(gkb)
+        dq_head, dq_tail = _halves(dq, h)
+        dk_head, dk_tail = _halves(dkt, h)
+        dv_head, dv_tail = _halves(dvt, h)
+        dq = ops.concat((dq_head + _pick(f, gqb, zq), dq_tail + gqa + _pick(f, zq, gqb)), 2)
+        dkt = ops.concat((dk_head + gka + _pick(f, gkb, zk), dk_tail + _pick(f, zk, gkb)), 2)
+        dvt = ops.concat((dv_head + gva + _pick(f, gvb, zk), dv_tail + _pick(f, zk, gvb)), 2)
         return dq, ops.concat((kt, vt, dkt, dvt), -1)
 
 
@@ -222,8 +270,9 @@ class RingAttentionCore(CommCell):
     ``concat(out, lse)`` (b, n, s, d + 1); the row log-sum-exp rides along for the custom backward
     (one output tensor for ``bprop``); callers keep ``[..., :d]``.
 
-    The schedule is per member (``ring_schedule``); each step is its own Cell with a constant kind,
-    so graph mode compiles straight-line code (no data-dependent branch)."""
+    The schedule is per member (``ring_schedule``); each step is its own Cell (graph mode unrolls
+    the step list into straight-line code) whose kind is a flag Parameter, so every member
+    compiles the same graph."""
 
     def __init__(self, ring: ProcessGroup, shape_q, shape_kv, scale: float, load_balance: bool = True):
         super().__init__()
@@ -241,10 +290,10 @@ class RingAttentionCore(CommCell):
         self.mask = Tensor(causal_mask_array(local_causal_positions(s, self.ring, balanced), MASK_VALUE))
         self.shift_kv = RingShift(ring, (b, g, s, 2 * d), ms.float32)
         shift_all = RingShift(ring, (b, g, s, 4 * d), ms.float32)
-        self.forward_steps = nn.CellList([_ForwardStep(k, self.shift_kv, half, self.scale, self.repeat)
+        self.forward_steps = nn.CellList([_ForwardStep(k, balanced, self.shift_kv, half, self.scale, self.repeat)
                                           for k in self.kinds[1:]], auto_prefix=False)
-        self.backward_steps = nn.CellList([_BackwardStep(k, shift_all, half, self.mask, self.scale, g, self.repeat)
-                                           for k in self.kinds], auto_prefix=False)
+        self.backward_steps = nn.CellList([_BackwardStep(k, balanced, shift_all, half, self.mask, self.scale, g,
+                                                         self.repeat) for k in self.kinds], auto_prefix=False)
         self.keep = K.KeepAlive()
 
     def construct(self, q, k, v):

@@ -1,0 +1,42 @@
+"""Context-parallel GPT under msrun equals one process: losses of 2 momentum-SGD steps and the final
+weights merged from every rank's shards (relative 1e-5), in PyNative and under ms.jit. The sequence is
+split over the ``cp`` mesh axis end to end (inputs in storage order, true RoPE positions, loss = mean
+over all tokens); attention runs the ring / Ulysses / hybrid kernel. 2 ranks: ring cp2 with and without
+causal load balancing, Ulysses cp2; 4 ranks: ring cp4, Ulysses cp4, hybrid (Ulysses 2 x ring 2),
+cp2 x tp2, dp2 x cp2."""
+import numpy as np
+import pytest
+
+from tests.msrun_batch import job
+from tests.bodies.gpt_cp_body import reference
+from tests.test_gpt_tp_msrun import _check
+
+pytestmark = pytest.mark.msrun
+CP2 = job("gpt_cp2", 2, "tests.bodies.gpt_cp_body:run",
+          {"configs": {"ring_cp2": {"cp": 2}, "ring_cp2_unbalanced": {"cp": 2, "balance": False},
+                       "ulysses_cp2": {"cp": 2, "algo": "ulysses"}}}, timeout=600, group=__name__)
+CP4 = job("gpt_cp4", 4, "tests.bodies.gpt_cp_body:run",
+          {"configs": {"ring_cp4": {"cp": 4}, "ulysses_cp4": {"cp": 4, "algo": "ulysses"},
+                       "hybrid_u2_r2": {"cp": 4, "algo": "hybrid", "ulysses": 2},
+                       "cp2_tp2": {"cp": 2, "tp": 2}, "dp2_cp2": {"dp": 2, "cp": 2}}},
+          timeout=900, group=__name__)
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    return reference(("pynative", "jit"))
+
+
+def test_ring_and_ulysses_cp2_balancing_on_and_off(single_process):
+    results = CP2.results()
+    _check(results, single_process, CP2.kwargs["configs"])
+    for mode in ("pynative", "jit"):
+        on = np.array(results[0][f"ring_cp2/{mode}"]["losses"])
+        off = np.array(results[0][f"ring_cp2_unbalanced/{mode}"]["losses"])
+        assert np.abs(on - off).max() <= 1e-5 * np.abs(off).max()
+    plan = results[0]["ring_cp2/pynative"]["plan"]
+    assert "context_parallel_attention" in plan
+
+
+def test_ring_ulysses_hybrid_cp4_and_cp_with_tp_dp(single_process):
+    _check(CP4.results(), single_process, CP4.kwargs["configs"])
