@@ -351,3 +351,10 @@ def test_overrides_in_both_forms_and_dialects():
         validate(read_yaml(PYN), ["--parallelism.tensor_parallel", "2"], worker_num=1)
     assert any(e.startswith("parallelism = data_parallel") or "parallelism.tensor_parallel" in e
                for e in info.value.errors), info.value.errors
+
+
+def test_docs_hold_the_generated_key_tables():
+    from mindformers_core.training.dialects import table_markdown
+    with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
+        doc = f.read()
+    assert table_markdown() in doc, "docs/config.md dialect tables are stale: paste dialects.table_markdown()"
