@@ -112,3 +112,21 @@ def test_a_job_failing_before_training_is_not_restarted(tiny, tmp_path):
                          cwd=ROOT, env=child_env({"MAX_RESTARTS": "2"}), capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "must equal the worker count 2" in res.stderr and "attempt" not in res.stdout
+
+
+@pytest.mark.msrun
+def test_ctrl_c_through_the_launcher_exits_130(tiny, tmp_path):
+    out = tmp_path / "out"
+    proc = launch(tiny, out, tmp_path / "logs", wait=False)
+    try:
+        beat = out / "heartbeat" / "rank_0.json"
+        deadline = time.monotonic() + 120
+        while not beat.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start training"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)        # the launcher's process (it became the supervisor)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 130, text[-3000:]
+    assert "supervisor: interrupted (SIGINT); the job was ended" in text
