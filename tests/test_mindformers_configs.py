@@ -342,6 +342,15 @@ def test_overrides_in_both_forms_and_dialects():
     assert pyn.report.dialect == PYNATIVE and pyn.runner_config.max_steps == 100 and pyn.seed == 42
     assert pyn.runner_config.gradient_accumulation_steps == 2 and pyn.lr_schedule.learning_rate == 1e-6
     assert pyn.model.arch.type == "LlamaForCausalLM" and pyn.model.model_config.num_layers == 2
+    with pytest.raises(ConfigError) as info:      # an alias's error names the key as the file writes it
+        validate(read_yaml(real("pretrain_qwen3_32b_4k.yaml")), ["--parallel_config.model_parallel", "3"])
+    assert "model.model_config.num_attention_heads = 64: must be divisible by parallel_config.model_parallel = 3 " \
+           "(each tensor-parallel rank holds whole heads)" in info.value.errors
+    evaluating = validate(read_yaml(LLAMA2), ["--do_eval", "True", "--eval_dataset.data_loader.dataset_dir", "/tmp",
+                                              "--parallel_config.data_parallel", "1",
+                                              "--model.model_config.use_flash_attention", "False"])
+    assert [c.type for c in evaluating.callbacks] == ["MFLossMonitor", "CheckpointMonitor", "EvalCallBack"]
+    assert evaluating.eval_dataset.dataset_dir == "/tmp" and evaluating.eval_dataset.type == "mindrecord"
     two = read_yaml(LLAMA2)
     two["model"]["model_config"]["num_hidden_layers"] = 2       # two spellings of one setting in one file
     with pytest.raises(ConfigError, match="model.model_config.num_hidden_layers = 2: conflicts with "

@@ -127,7 +127,7 @@ GRAPH_SPECIAL = ("train_dataset.input_columns", "eval_dataset.input_columns", "d
 
 GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{f"context.{k}": ASCEND for k in (
-        "max_call_depth", "max_device_memory", "save_graphs", "save_graphs_path", "device_id", "jit_config.*",
+        "device_target", "max_call_depth", "max_device_memory", "save_graphs", "save_graphs_path", "device_id", "jit_config.*",
         "memory_optimize_level", "mempool_block_size", "ascend_config.*", "runtime_num_threads",
         "enable_graph_kernel", "graph_kernel_flags", "affinity_cpu_list", "deterministic", "pynative_synchronize",
         "enable_compile_cache", "compile_cache_path", "variable_memory_max_size", "max_swap_device_memory")},
