@@ -19,7 +19,9 @@ fail() { echo "msrun_launcher.sh: $*" >&2; exit 2; }
 is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
 
 [ $# -ge 1 ] || usage
-read -r -a COMMAND <<< "$1"
+# The command string is split as the shell splits a command line (MindFormers evals it), so quoted
+# arguments stay one argument: "run_mindformer.py --predict_data 'I love Beijing, because'".
+eval "COMMAND=($1)" 2>/dev/null || fail "cannot split the command string (unbalanced quotes?): $1"
 [ ${#COMMAND[@]} -ge 1 ] || fail "the first argument must be the script and its arguments, e.g. \"run_mindformer.py --config configs/llama_tiny.yaml\""
 SCRIPT="${COMMAND[0]}"
 [ -f "$SCRIPT" ] || fail "script '$SCRIPT' not found (first word of \"$1\")"
@@ -47,6 +49,16 @@ is_int "$NODE_RANK" || fail "NODE_RANK='$NODE_RANK' must be a non-negative integ
 # msrun starts workers with `python`: make it this environment's interpreter
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 [ -x "$HERE/.venv/bin/python" ] && export PATH="$HERE/.venv/bin:$PATH"
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"      # as MindFormers' launcher: the repository importable
+
+MAX_RESTARTS_GIVEN=${MAX_RESTARTS:-0}
+if [ "$WORKER_NUM" = 1 ] && [ "$LOCAL_WORKER" = 1 ] && [ "$MAX_RESTARTS_GIVEN" = 0 ]; then
+  # One worker: plain python, no msrun (MindFormers' launcher stops here and asks for python instead)
+  echo "1 worker: running it with python, without msrun"
+  PY=python
+  [ -x "$HERE/.venv/bin/python" ] && PY="$HERE/.venv/bin/python"
+  exec "$PY" "${COMMAND[@]}"
+fi
 command -v msrun >/dev/null || fail "msrun not found: run 'make test' or 'make demo' once to create .venv"
 
 MAX_RESTARTS=${MAX_RESTARTS:-0}

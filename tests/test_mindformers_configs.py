@@ -367,3 +367,21 @@ def test_docs_hold_the_generated_key_tables():
     with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
         doc = f.read()
     assert table_markdown() in doc, "docs/config.md dialect tables are stale: paste dialects.table_markdown()"
+
+
+def test_launcher_keeps_quoted_arguments_and_runs_one_worker_with_python(tmp_path):
+    """scripts/msrun_launcher.sh splits its command string as a shell does (MindFormers evals it): a
+    quoted --predict_data reaches run_mindformer.py's parser as one prompt; one worker runs plain python."""
+    import subprocess
+    job = tmp_path / "job.py"
+    job.write_text("import sys\nfrom mindformers_core.training.cli import parse\n"
+                   "args, overrides = parse(sys.argv[1:])\nprint(args.predict_data, overrides)\n")
+    cmd = f"{job} --config x.yaml --run_mode predict --predict_data 'I love Beijing, because' \"Return the\" --a.b=2"
+    res = subprocess.run(["bash", os.path.join(ROOT, "scripts", "msrun_launcher.sh"), cmd, "1"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "running it with python, without msrun" in res.stdout
+    assert "['I love Beijing, because', 'Return the'] [('run_mode', 'predict'), ('a.b', '2')]" in res.stdout
+    bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "msrun_launcher.sh"), f"{job} --x 'open", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unbalanced quotes" in bad.stderr
