@@ -238,7 +238,7 @@ def test_checkpoint_library_refuses_nan_and_verifies_checksums(tmp_path):
 
 
 ASYNC_EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
-                                   "keep_checkpoint_max: 10, async_checkpoint: True}]"]
+                                   "keep_checkpoint_max: 10, async_save: True}]"]
 
 
 def test_async_saves_equal_sync_saves_and_resume_exactly(tiny, tmp_path):

@@ -471,7 +471,7 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
             else:
                 t.put(target, value, path)
         elif path in ("training.global_batch_size", "checkpoint.enable_save", "checkpoint.save_interleaved_steps",
-                      "checkpoint.save_max", "checkpoint.prefix"):
+                      "checkpoint.save_max", "checkpoint.prefix", "checkpoint.async_save"):
             continue                                               # below
         elif path == "training.rampup_batch_size":
             if value is not None:
@@ -516,13 +516,15 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
                   "keep_checkpoint_max": ck.get("save_max", 5)}
         if ck.get("prefix"):
             fields["prefix"] = ck["prefix"]
+        if "async_save" in ck:
+            fields["async_save"] = ck["async_save"]
         _add_callback(t, "CheckpointMonitor", fields, "checkpoint.enable_save")
         for ours, theirs in (("save_checkpoint_steps", "save_interleaved_steps"), ("keep_checkpoint_max", "save_max")):
             t.report.origin.setdefault(f"callbacks.{ours}", f"checkpoint.{theirs}")
     elif ck.get("enable_save", True) not in (True, False):
         t.errors.append(f"checkpoint.enable_save = {ck['enable_save']!r}: must be True or False")
     else:
-        for k in ("save_interleaved_steps", "save_max", "prefix"):
+        for k in ("save_interleaved_steps", "save_max", "prefix", "async_save"):
             if k in ck:
                 t.skip(f"checkpoint.{k}", K.CHECKPOINT_IO)
     # sizes: data parallel derived (-1), steps with epochs enough to reach them, global batch -> accumulation

@@ -165,7 +165,7 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{k: LOADER for k in ("train_dataset_task.*", "eval_dataset_task.*", "eval_step_interval",
                            "eval_epoch_interval", "do_eval")},
     **{f"callbacks.{k}": CHECKPOINT_IO for k in (
-        "integrated_save", "async_save", "checkpoint_format", "save_network_params", "save_trainable_params",
+        "integrated_save", "checkpoint_format", "save_network_params", "save_trainable_params",
         "remove_redundancy", "embedding_local_norm_threshold", "save_checkpoint_seconds",
         "keep_checkpoint_per_n_minutes", "append_info", "directory", "prefix")},
     **{f"recompute_config.{k}": KERNELS for k in ("mp_comm_recompute", "parallel_optimizer_comm_recompute")},
@@ -207,6 +207,8 @@ PYNATIVE_ALIASES: Dict[str, str] = {
     "swap.enable": "swap_config.swap", "swap.default_prefetch": "swap_config.default_prefetch",
     "swap.layer_swap": "swap_config.layer_swap", "swap.op_swap": "swap_config.op_swap",
     "monitor.health_checkpoint.global_norm_skip_threshold": "runner_config.global_norm_skip_threshold",
+    "training.use_skip_step_on_nan": "runner_config.use_skip_step_on_nan",
+    "training.max_consecutive_skipped_steps": "runner_config.max_consecutive_skipped_steps",
     # our own top-level keys, the same in both dialects
     "output_dir": "output_dir", "run_mode": "run_mode", "use_parallel": "use_parallel",
     "resume_training": "resume_training", "load_checkpoint": "load_checkpoint", "seed": "seed",
@@ -215,6 +217,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
 # PyNative keys with their own code in dialects.py (batch sizes, checkpoint saving, model class, recompute, ...)
 PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", "checkpoint.enable_save",
                     "checkpoint.save_interleaved_steps", "checkpoint.save_max", "checkpoint.prefix",
+                    "checkpoint.async_save",
                     "train_dataset.dataloader.column_names", "parallelism.expert_parallel", "recompute.mode",
                     "lora_config", "lora_config.*", "callbacks", "callbacks.*", "eval_dataset", "eval_dataset.*",
                     "model", "model.*")
@@ -229,7 +232,7 @@ PYNATIVE_NOT_APPLIED: Dict[str, str] = {
         "expert_parallel_async_d2h", "expert_parallel_use_safe_tokens")},
     "training.deterministic": MISC,
     **{f"checkpoint.{k}": CHECKPOINT_IO for k in (
-        "save_path", "no_save_optim", "async_save", "remove_redundancy", "load_balanced", "no_load_optim",
+        "save_path", "no_save_optim", "remove_redundancy", "load_balanced", "no_load_optim",
         "load_worker_number", "save_global_layout_cache", "reshard_worker_num")},
     "optimizer.weight_decay_include": MISC, "optimizer.weight_decay_exclude": MISC,
     "lr_scheduler.warmup_lr_init": WRAPPER, "lr_scheduler.decay_steps": WRAPPER,

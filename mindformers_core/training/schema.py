@@ -211,7 +211,7 @@ SCHEMA = Section({
         "save_checkpoint_steps": F("int", 100, "CheckpointMonitor: save every N steps.", min=1),
         "keep_checkpoint_max": F("int", 5, "CheckpointMonitor: checkpoints kept.", min=1),
         "prefix": F("str", "llama", "CheckpointMonitor: checkpoint name prefix."),
-        "async_checkpoint": F("bool", False, "CheckpointMonitor: save in a background thread while training goes "
+        "async_save": F("bool", False, "CheckpointMonitor: save in a background thread while training goes "
                                              "on (at most one save in flight; a failed save is reported and the "
                                              "previous checkpoint stays latest)."),
         "eval_interval": F("int", 100, "EvalCallBack: evaluate every N steps.", min=1),
