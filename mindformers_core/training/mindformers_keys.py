@@ -163,7 +163,7 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
         "num_parallel_workers", "drop_remainder")},
     "eval_dataset.data_loader.shuffle": LOADER,
     **{k: LOADER for k in ("train_dataset_task.*", "eval_dataset_task.*", "eval_step_interval",
-                           "eval_epoch_interval", "do_eval")},
+                           "eval_epoch_interval")},
     **{f"callbacks.{k}": CHECKPOINT_IO for k in (
         "integrated_save", "checkpoint_format", "save_network_params", "save_trainable_params",
         "remove_redundancy", "embedding_local_norm_threshold", "save_checkpoint_seconds",
