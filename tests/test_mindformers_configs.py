@@ -385,3 +385,18 @@ def test_launcher_keeps_quoted_arguments_and_runs_one_worker_with_python(tmp_pat
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "msrun_launcher.sh"), f"{job} --x 'open", "1"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unbalanced quotes" in bad.stderr
+
+
+def test_llama2_check_after_the_named_changes_asks_for_data_then_passes(assets, tmp_path, capsys):
+    """Round two of --check_config on the real llama2 file: with the worker count and flash attention
+    changed, what remains is its empty data path (named as the file writes it); given data, it is valid."""
+    common = ["--config", LLAMA2, "--check_config", "--output_dir", tmp_path / "o",
+              "--parallel_config.data_parallel", 1, "--model.model_config.use_flash_attention", False]
+    code, out, err = run(capsys, *common)
+    assert code == 2 and problems(err) == [
+        "train_dataset.data_loader.type = 'mindrecord': needs train_dataset.data_loader.dataset_dir (a .mindrecord "
+        "file or a directory of them, written by scripts/preprocess_mindrecord.py)"]
+    code, out, err = run(capsys, *common, "--train_dataset_dir", assets["mindrecord"],
+                         "--processor.tokenizer.vocab_file", assets["tokenizer"], *LLAMA_SIZES[:-2])
+    assert code == 0, err
+    assert "is valid for 1 worker(s)" in out and "# parallel plan: 1 worker(s)" in out

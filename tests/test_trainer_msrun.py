@@ -187,7 +187,16 @@ PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, li
         "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 1,
         "--runner_config.gradient_accumulation_steps", 2,
         "--parallel.pipeline_config.pipeline_scheduler", "interleaved"] + NO_CHECKPOINTS),
+    # context parallel: the sequence split over cp (ring with zigzag balancing; Ulysses with tp, GQA heads repeated)
+    "dp2_cp2_ring": (1, ["--use_parallel", "True", "--parallel_config.data_parallel", 2,
+                         "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2] + EVERY_STEP),
+    "cp2_tp2_ulysses": (0, ["--use_parallel", "True", "--parallel_config.model_parallel", 2,
+                            "--parallel_config.context_parallel", 2, "--parallel_config.context_parallel_algo",
+                            "ulysses"] + NO_CHECKPOINTS),
 }
+
+
+RESUMED = ["pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3", "dp2_cp2_ring"]
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +206,7 @@ def pipeline_runs(runs, tiny, tmp_path_factory):
     base = tmp_path_factory.mktemp("trainer_pipeline")
     jobs = [args(tiny, base / name, "--mode", mode, *SHORT, *flags) for name, (mode, flags) in PIPELINE_JOBS.items()]
     assert run_msrun("tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=600) == [[0] * len(jobs)] * 4
-    for job in ("pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3"):
+    for job in RESUMED:
         ckpt = base / job / "checkpoint" / f"step_{RESUME_AT}"
         assert run_mindformer.main(args(tiny, base / f"{job}_resumed", "--load_checkpoint", ckpt,
                                         "--resume_training", "True", *SHORT, *NO_CHECKPOINTS)) == 0
@@ -210,10 +219,11 @@ def test_pipeline_jobs_match_one_process(runs, pipeline_runs, name):
     assert_close(losses(pipeline_runs / name), losses(runs[f"p1_{mode}"]))
 
 
-@pytest.mark.parametrize("job", ["pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3"])
+@pytest.mark.parametrize("job", RESUMED)
 def test_pipeline_and_hsdp_checkpoints_resume_on_one_process(pipeline_runs, job):
     """Stage-local layer names are saved as global ones; hsdp's sharded weights and AdamW moments are
-    saved whole: pp2 x tp2 and dp2 x tp2 (level3) -> one process, exact resume."""
+    saved whole; context parallel does not split weights: pp2 x tp2, dp2 x tp2 (level3) and dp2 x cp2
+    -> one process, exact resume."""
     resumed = pipeline_runs / f"{job}_resumed"
     assert [r["step"] for r in records(resumed)] == list(range(RESUME_AT + 1, STEPS + 1))
     assert_close(losses(resumed), losses(pipeline_runs / job)[RESUME_AT:])

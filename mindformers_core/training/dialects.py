@@ -346,6 +346,13 @@ def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
             t.errors.append(unknown(path, value, GRAPH))             # under a schema section: name the leaf
         else:
             _set(t.out, path, value)                                 # unknown section: the schema check names it
+    # keys the file spells its own way name the setting even when empty (errors about a missing path)
+    for section in ("train_dataset", "eval_dataset"):
+        if isinstance(_get(raw, f"{section}.data_loader", None), dict):
+            t.report.origin.setdefault(f"{section}.dataset_dir", f"{section}.data_loader.dataset_dir")
+            t.report.origin.setdefault(f"{section}.type", f"{section}.data_loader.type")
+    if isinstance(_get(raw, "processor.tokenizer", None), dict) and "train_dataset.tokenizer_file" not in t.given:
+        t.report.origin.setdefault("train_dataset.tokenizer_file", "processor.tokenizer.vocab_file")
     betas = [_get(raw, "optimizer.beta1", None), _get(raw, "optimizer.beta2", None)]
     if any(b is not None for b in betas):
         given = _get(raw, "optimizer.betas", None)

@@ -10,15 +10,17 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ..common.sequence_placement import storage_positions
 from ..data.corpus import build_corpus
 from ..data.dataset import PackedDataset, cache_file_for, tokenize_to_cache
 from ..data.tokenizer import LlamaTokenizer, train_tokenizer
 from .config import Config, ConfigError
 from .preflight import Preflight
+from .rules import context_parallel_algorithm
 from .shape import JobShape
 
 BUILTIN_CORPUS_BYTES = 2_000_000
@@ -43,6 +45,12 @@ class Inputs:
     local_batch: int                # rows of one step on one data-parallel rank
     global_batch: int
     total_steps: int
+    sequence_slice: Optional[Callable[[np.ndarray], np.ndarray]] = None   # context parallel: this rank's tokens
+
+    def _cut(self, batch: Batch) -> Batch:
+        if self.sequence_slice is None:
+            return batch
+        return self.sequence_slice(batch[0]), self.sequence_slice(batch[1])
 
     def batches(self) -> Iterator[Batch]:
         """Local batches of this data-parallel rank; the dataset resumes from its consumed count
@@ -56,22 +64,38 @@ class Inputs:
                     it = iter(self.data)
                     continue
                 rows.append(sample)
-            yield stack(rows)
+            yield self._cut(stack(rows))
 
     def eval_batches(self, steps: int) -> Iterator[Batch]:
         """The first ``steps`` microbatches of the held-out data: the same ones every time."""
         self.eval_data.consumed_samples = 0
         it = iter(self.eval_data)
         for _ in range(steps):
-            yield stack([next(it) for _ in range(self.micro_batch)])
+            yield self._cut(stack([next(it) for _ in range(self.micro_batch)]))
 
 
 def stack(rows) -> Batch:
     return (np.stack([r[0] for r in rows]).astype(np.int32), np.stack([r[1] for r in rows]).astype(np.int32))
 
 
+def context_parallel_slice(cfg: Config, shape: JobShape, cp_rank: int) -> Optional[Callable]:
+    """Context parallelism: ``(rows, seq) -> (rows, seq / cp)``, this cp rank's tokens of a batch
+    put in storage order (the load-balanced ring's chunks i and 2*ring-1-i; see
+    common/sequence_placement.py). Inputs and labels are cut the same way: labels stay aligned
+    with their inputs, and the mean loss over all tokens does not depend on the order."""
+    if shape.cp == 1:
+        return None
+    pc = cfg.parallel_config
+    seq = int(cfg.model.model_config.seq_length)
+    positions = storage_positions(seq, shape.cp, context_parallel_algorithm(dict(pc)), pc.get("ulysses_degree_in_cp"),
+                                  bool(pc.get("context_parallel_load_balance", True)))
+    n = seq // shape.cp
+    mine = positions[cp_rank * n:(cp_rank + 1) * n]
+    return lambda a: np.ascontiguousarray(np.asarray(a)[:, mine])
+
+
 def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_rank: int,
-                 output_dir: str) -> Inputs:
+                 output_dir: str, cp_rank: int = 0) -> Inputs:
     ds, mc = cfg.train_dataset, cfg.model.model_config
     files = found.files
     if not ds.dataset_dir:                  # the built-in corpus, written once by rank 0
@@ -126,4 +150,5 @@ def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_r
     total_steps = steps_per_epoch * int(cfg.runner_config.epochs)
     if int(cfg.runner_config.max_steps) > 0:
         total_steps = min(total_steps, int(cfg.runner_config.max_steps))
-    return Inputs(tokenizer, data, eval_data, micro_batch, local_batch, local_batch * shape.dp, total_steps)
+    return Inputs(tokenizer, data, eval_data, micro_batch, local_batch, local_batch * shape.dp, total_steps,
+                  context_parallel_slice(cfg, shape, cp_rank))

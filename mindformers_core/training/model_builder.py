@@ -19,7 +19,9 @@ from ..models import get_model_spec
 from ..sharding.annotations import sharding_plan_of
 from ..sharding.layout import Layout
 from ..sharding.parallelizer import parallelize
+from ..common.sequence_placement import normalize_algorithm
 from .config import Config, ConfigError
+from .rules import context_parallel_algorithm
 from .shape import JobShape
 from .topology import Topology
 
@@ -47,7 +49,8 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     mcfg.pipeline_model_parallel_size = shape.pp
     mcfg.virtual_pipeline_model_parallel_size = shape.vpp if shape.vpp > 1 else None
     mcfg.sequence_parallel = bool(cfg.parallel_config.use_seq_parallel) and shape.tp > 1
-    mesh = Layout((shape.dp, 1, shape.tp), ("dp", "cp", "tp"), topo.stage_ranks)
+    apply_context_parallel(mcfg, cfg.parallel_config, shape.cp)
+    mesh = Layout((shape.dp, shape.cp, shape.tp), ("dp", "cp", "tp"), topo.stage_ranks)
     seq = int(cfg.model.model_config.seq_length)
     ids = np.zeros((micro_batch * shape.dp, seq), np.int32)
     counts = layer_counts(cfg, topo, output_dir, log) if shape.pp > 1 else None
@@ -68,6 +71,15 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
         chunks.append(chunk)
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]))
+
+
+def apply_context_parallel(mcfg, parallel_config, cp: int) -> None:
+    """The context-parallel size and method of ``parallel_config`` on the model config: the model
+    builds its rotary tables and causal mask in the sequence's storage order from them."""
+    mcfg.context_parallel_size = cp
+    mcfg.context_parallel_algo = normalize_algorithm(context_parallel_algorithm(dict(parallel_config)))
+    mcfg.ulysses_degree_in_cp = parallel_config.get("ulysses_degree_in_cp")
+    mcfg.context_parallel_load_balance = bool(parallel_config.get("context_parallel_load_balance", True))
 
 
 def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Optional[List[int]]:

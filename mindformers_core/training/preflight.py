@@ -111,6 +111,20 @@ class _Checks:
         self.errors: List[str] = []
         self.found = Preflight()
 
+    def context_parallel_errors(self) -> None:
+        """What context parallelism does not combine with yet (the sizes themselves are schema rules)."""
+        cfg, shape = self.cfg, self.shape
+        cp = f"parallel_config.context_parallel = {shape.cp}"
+        if shape.pp > 1:
+            self.errors.append(f"{cp} with parallel_config.pipeline_stage = {shape.pp}: context parallelism inside "
+                               "pipeline stages is not implemented yet; use pipeline_stage: 1")
+        if shape.sharded_dp:
+            self.errors.append(f"{cp} with parallel.enable_parallel_optimizer = True: hsdp does not reduce over cp "
+                               "yet; set enable_parallel_optimizer: False")
+        if float(cfg.model.model_config.get("attention_dropout", 0.0) or 0.0) > 0:
+            self.errors.append(f"{cp}: model.model_config.attention_dropout must be 0 (the context-parallel "
+                               "attention kernels have no dropout)")
+
     # ------------------------------------------------------------------ sizes, model, schedule
     def shape_errors(self, worker_num: int) -> None:
         from ..models import registered_models
@@ -119,8 +133,7 @@ class _Checks:
         if shape.pp > 1:
             self.pipeline_errors()
         if shape.cp > 1:
-            errors.append(f"parallel_config.context_parallel = {shape.cp}: context-parallel attention is not "
-                          "implemented; use context_parallel: 1")
+            self.context_parallel_errors()
         models = registered_models()
         if cfg.model.arch.type not in models:
             errors.append(f"model.arch.type = {cfg.model.arch.type!r}: registered models are {models} "
@@ -158,7 +171,7 @@ class _Checks:
             self.errors.append("model.model_config.tie_word_embeddings = True: with parallel_config.pipeline_stage = "
                                f"{shape.pp} the embedding (first stage) and output layer (last stage) live on "
                                "different ranks; set tie_word_embeddings: False")
-        topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler)
+        topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
         if isinstance(pipe.layers_per_stage, list):   # (the schema's rules checked the split itself)
             try:
                 ranges = topo.layer_ranges(int(cfg.model.model_config.num_layers), pipe.layers_per_stage)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Set
 
+from ..common.sequence_placement import problems as cp_problems
 from .schema import PIPELINE_SCHEDULERS
 from .topology import rank_order_problem
 
@@ -76,11 +77,10 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
         if hidden % heads:
             errors.append(f"model.model_config.hidden_size = {hidden}: must be divisible by "
                           f"model.model_config.num_heads = {heads}")
-    if ok(mc + "seq_length", pc + "context_parallel"):
-        seq, cp = _get(cfg, mc + "seq_length"), _get(cfg, pc + "context_parallel")
-        if seq % cp:
-            errors.append(f"model.model_config.seq_length = {seq}: must be divisible by "
-                          f"parallel_config.context_parallel = {cp}")
+    if ok(mc + "seq_length", pc + "context_parallel", mc + "num_heads", pc + "model_parallel",
+          pc + "context_parallel_algo", pc + "context_parallel_method", pc + "ulysses_degree_in_cp",
+          pc + "context_parallel_load_balance"):
+        errors += _context_parallel(cfg)
     if ok("hsdp.shard_size", pc + "data_parallel"):
         size, dp = _get(cfg, "hsdp.shard_size"), _get(cfg, pc + "data_parallel")
         if size != -1 and (size < 1 or dp % size):
@@ -92,6 +92,26 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
     if ok("optimizer.betas") and len(cfg["optimizer"]["betas"]) != 2:
         errors.append(f"optimizer.betas = {cfg['optimizer']['betas']}: must be two numbers [beta1, beta2]")
     return errors
+
+
+def context_parallel_algorithm(pc: Dict[str, Any]) -> str:
+    """``context_parallel_method`` (MindFormers' PyNative name) when set, else ``context_parallel_algo``."""
+    return pc.get("context_parallel_method") or pc.get("context_parallel_algo") or "colossal"
+
+
+def _context_parallel(cfg: Dict[str, Any]) -> List[str]:
+    """seq_length divisible by cp (by 2 x cp for the balanced causal ring), heads by the Ulysses degree,
+    a valid method and Ulysses degree (see common/sequence_placement.py)."""
+    pc, mc = cfg["parallel_config"], cfg["model"]["model_config"]
+    where = {"seq_length": "model.model_config.seq_length", "num_attention_heads": "model.model_config.num_heads",
+             "ulysses_degree_in_cp": "parallel_config.ulysses_degree_in_cp"}
+    method_key = "context_parallel_method" if pc.get("context_parallel_method") else "context_parallel_algo"
+    where["context_parallel_algo"] = f"parallel_config.{method_key}"
+    heads = mc.get("num_heads")
+    return [f"{where[f]} = {v}: {rule} (parallel_config.context_parallel = {pc['context_parallel']})"
+            for f, v, rule in cp_problems(int(mc["seq_length"]), int(pc["context_parallel"]), int(heads or 1),
+                                          int(heads or 1), int(pc["model_parallel"]), context_parallel_algorithm(pc),
+                                          pc.get("ulysses_degree_in_cp"), bool(pc["context_parallel_load_balance"]))]
 
 
 def _kv_heads(cfg: Dict[str, Any]) -> List[str]:

@@ -88,6 +88,15 @@ SCHEMA = Section({
         "pipeline_stage": F("int", 1, "Pipeline-parallel size (pp), number of pipeline ranks.", min=1),
         "context_parallel": F("int", 1, "Context-parallel size (cp): the sequence is split over cp ranks.",
                               min=1),
+        "context_parallel_algo": F("str", "colossal", "Context-parallel attention (MindFormers' names): colossal "
+                                   "= ring attention, ulysses = all-to-all to heads, hybrid = Ulysses inside "
+                                   "groups of ulysses_degree_in_cp, ring across ('ring' = colossal).",
+                                   choices=("colossal", "ulysses", "hybrid", "ring")),
+        "context_parallel_method": F("str|null", None, "MindFormers' PyNative name of context_parallel_algo; "
+                                     "when set it wins."),
+        "ulysses_degree_in_cp": F("int|null", None, "hybrid: Ulysses group size inside context_parallel.", min=1),
+        "context_parallel_load_balance": F("bool", True, "Causal ring load balancing (ours): rank i holds sequence "
+                                           "chunks i and 2*cp-1-i; seq_length divisible by 2*cp."),
         "micro_batch_num": F("int", 1, "Micro-batches per step for pipeline parallelism.", min=1),
         "use_seq_parallel": F("bool", False, "Sequence parallelism inside tensor-parallel regions."),
         "vocab_emb_dp": F("bool", True, "Keep the embedding table data-parallel (not split by mp)."),

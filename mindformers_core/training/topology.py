@@ -52,25 +52,26 @@ class Topology:
     vpp: int = 1
     scheduler: str = "1f1b"
     order: str = DEFAULT_RANK_ORDER
+    cp: int = 1
 
     def __post_init__(self):
-        for name in ("pp", "dp", "tp", "vpp"):
+        for name in ("pp", "dp", "tp", "vpp", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Topology: {name}={value!r} must be a positive integer")
-        problem = rank_order_problem(self.order, {"tp": self.tp, "dp": self.dp, "pp": self.pp})
+        problem = rank_order_problem(self.order, {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp})
         if problem:
             raise ValueError(f"Topology: order={self.order!r}: {problem}")
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
             raise ValueError(f"Topology: rank={self.rank} must be in [0, {self.world_size}) for "
-                             f"pp {self.pp} x dp {self.dp} x tp {self.tp}")
+                             f"pp {self.pp} x dp {self.dp} x cp {self.cp} x tp {self.tp}")
         if self.pp > 1 and self.scheduler not in BUILTIN_SCHEDULES:
             raise ValueError(f"Topology: scheduler={self.scheduler!r}; valid: {sorted(BUILTIN_SCHEDULES)}")
-        gen = RankGenerator(tp=self.tp, ep=1, dp=self.dp, pp=self.pp, cp=1, order=self.order)
+        gen = RankGenerator(tp=self.tp, ep=1, dp=self.dp, pp=self.pp, cp=self.cp, order=self.order)
         # Derived once (the dataclass is frozen): this rank's coordinates and groups.
         object.__setattr__(self, "_generator", gen)
         object.__setattr__(self, "_coord", gen.coordinate(self.rank))
-        object.__setattr__(self, "_groups", {token: self._group_of(gen, token) for token in ("tp", "dp", "pp")})
+        object.__setattr__(self, "_groups", {token: self._group_of(gen, token) for token in ("tp", "cp", "dp", "pp")})
 
     def _group_of(self, gen: RankGenerator, token: str) -> List[int]:
         """This rank's group along ``token``, listed by increasing coordinate (the generator's order)."""
@@ -78,7 +79,7 @@ class Topology:
 
     @property
     def generator(self) -> RankGenerator:
-        """The rank generator this topology reads (tp, dp, pp sizes; cp = ep = 1)."""
+        """The rank generator this topology reads (tp, cp, dp, pp sizes; ep = 1)."""
         return self._generator
 
     @property
@@ -88,11 +89,11 @@ class Topology:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def per_stage(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.cp * self.tp
 
     @property
     def pp_rank(self) -> int:
@@ -105,6 +106,16 @@ class Topology:
     @property
     def tp_rank(self) -> int:
         return self._coord["tp"]
+
+    @property
+    def cp_rank(self) -> int:
+        """Context-parallel rank: which slice (storage order) of the sequence this rank holds."""
+        return self._coord["cp"]
+
+    @property
+    def cp_group_ranks(self) -> List[int]:
+        """This rank's context-parallel group; index ``i`` holds context-parallel rank ``i``."""
+        return list(self._groups["cp"])
 
     @property
     def tp_group_ranks(self) -> List[int]:
@@ -123,14 +134,15 @@ class Topology:
 
     @property
     def stage_ranks(self) -> List[int]:
-        """The ``dp * tp`` ranks of this rank's pipeline position (the mesh its stages shard over),
-        in row-major (dp, tp) order: index ``dp_rank * tp + tp_rank`` holds the rank with those
-        coordinates. With a non-default order these ranks need not be consecutive."""
+        """The ``dp * cp * tp`` ranks of this rank's pipeline position (the mesh its stages shard
+        over), in row-major (dp, cp, tp) order: index ``(dp_rank * cp + cp_rank) * tp + tp_rank``
+        holds the rank with those coordinates. With a non-default order these ranks need not be
+        consecutive."""
         gen = self._generator
         out = [-1] * self.per_stage
-        for r in self._group_of(gen, "tp-dp"):
+        for r in self._group_of(gen, "tp-cp-dp"):
             c = gen.coordinate(r)
-            out[c["dp"] * self.tp + c["tp"]] = r
+            out[(c["dp"] * self.cp + c["cp"]) * self.tp + c["tp"]] = r
         return out
 
     @property
@@ -168,4 +180,5 @@ class Topology:
 
     def describe(self) -> str:
         return (f"rank {self.rank}: pipeline rank {self.pp_rank} (stages {self.stages} of {self.stage_num}), "
-                f"data-parallel rank {self.dp_rank}, tensor-parallel rank {self.tp_rank}")
+                f"data-parallel rank {self.dp_rank}, tensor-parallel rank {self.tp_rank}"
+                + (f", context-parallel rank {self.cp_rank}" if self.cp > 1 else ""))

@@ -82,7 +82,7 @@ class Trainer:
         if problem:
             raise ConfigError([problem])
         self.topology = Topology(self.rank, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler,
-                                 order=shape.rank_order)
+                                 order=shape.rank_order, cp=shape.cp)
         for w in self.found.warnings:
             self.log(w)
         ms.set_seed(int(cfg.seed))
@@ -100,7 +100,8 @@ class Trainer:
             self._build_model(micro_batch=1)
             self.checkpointer = Checkpointer(params=self.params, **common)
         else:
-            self.inputs = build_inputs(cfg, shape, self.found, self.rank, self.topology.dp_rank, self.output_dir)
+            self.inputs = build_inputs(cfg, shape, self.found, self.rank, self.topology.dp_rank, self.output_dir,
+                                       cp_rank=self.topology.cp_rank)
             self.tokenizer, self.data = self.inputs.tokenizer, self.inputs.data
             self.global_batch, self.total_steps = self.inputs.global_batch, self.inputs.total_steps
             self._build_model(self.inputs.micro_batch)
