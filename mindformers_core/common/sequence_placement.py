@@ -55,7 +55,7 @@ def degrees(cp: int, algorithm: str = "colossal", ulysses_degree: Optional[int] 
     u = ulysses_degree
     if u is None or not isinstance(u, int) or isinstance(u, bool) or u < 1 or cp % u:
         raise ValueError(f"ulysses_degree_in_cp={u!r}: hybrid context parallelism needs an integer that "
-                         f"divides context_parallel={cp} (Ulysses inside groups of that many ranks, a ring "
+                         f"divides context_parallel = {cp} (Ulysses inside groups of that many ranks, a ring "
                          f"of context_parallel / ulysses_degree_in_cp across them)")
     return cp // u, u
 
@@ -75,7 +75,7 @@ def problems(seq_length: int, cp: int, heads: int, query_groups: int, tp: int = 
     if cp == 1:
         return out
     if seq_length % cp:
-        out.append(("seq_length", seq_length, f"must be divisible by context_parallel={cp}"))
+        out.append(("seq_length", seq_length, f"must be divisible by context_parallel = {cp}"))
     elif load_balance and ring > 1 and seq_length % (2 * cp):
         out.append(("seq_length", seq_length, f"must be divisible by 2 x context_parallel = {2 * cp} for the "
                     f"load-balanced causal ring (each rank holds chunks i and 2*ring-1-i); or set "

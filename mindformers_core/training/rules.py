@@ -108,7 +108,7 @@ def _context_parallel(cfg: Dict[str, Any]) -> List[str]:
     method_key = "context_parallel_method" if pc.get("context_parallel_method") else "context_parallel_algo"
     where["context_parallel_algo"] = f"parallel_config.{method_key}"
     heads = mc.get("num_heads")
-    return [f"{where[f]} = {v}: {rule} (parallel_config.context_parallel = {pc['context_parallel']})"
+    return [f"{where[f]} = {v}: " + rule.replace("context_parallel = ", "parallel_config.context_parallel = ")
             for f, v, rule in cp_problems(int(mc["seq_length"]), int(pc["context_parallel"]), int(heads or 1),
                                           int(heads or 1), int(pc["model_parallel"]), context_parallel_algorithm(pc),
                                           pc.get("ulysses_degree_in_cp"), bool(pc["context_parallel_load_balance"]))]
