@@ -356,6 +356,15 @@ def test_overrides_in_both_forms_and_dialects():
     with pytest.raises(ConfigError, match="model.model_config.num_hidden_layers = 2: conflicts with "
                                           "model.model_config.num_layers = 32; they are the same setting"):
         validate(two)
+    pp = validate(read_yaml(PYN), ["--model.architectures", "LlamaForCausalLM", "--model.num_hidden_layers", "4",
+                                   "--model.hidden_size", "64", "--model.num_attention_heads", "4",
+                                   "--model.vocab_size", "384", "--model.seq_length", "32", "--callbacks", "[]",
+                                   "--train_dataset.dataloader.type", "MindDataset", "--parallelism.pipeline_parallel",
+                                   "2", "--parallelism.pipeline_parallel_interleave_num", "2",
+                                   "--training.global_batch_size", "8"], worker_num=4)
+    assert (pp.parallel_config.data_parallel, pp.parallel_config.pipeline_stage, pp.use_parallel) == (2, 2, True)
+    assert pp.parallel.pipeline_config.pipeline_scheduler == "interleaved"          # 1f1b with vpp 2, as MindFormers
+    assert pp.parallel_config.micro_batch_num == 2 and pp.runner_config.gradient_accumulation_steps == 1
     with pytest.raises(ConfigError) as info:      # a PyNative key's error names the PyNative key
         validate(read_yaml(PYN), ["--parallelism.tensor_parallel", "2"], worker_num=1)
     assert any(e.startswith("parallelism = data_parallel") or "parallelism.tensor_parallel" in e

@@ -534,6 +534,10 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
         for k in ("save_interleaved_steps", "save_max", "prefix", "async_save"):
             if k in ck:
                 t.skip(f"checkpoint.{k}", K.CHECKPOINT_IO)
+    # MindFormers' PyNative trainer upgrades 1f1b to interleaved_1f1b when there are virtual stages
+    vpp = _get(t.out, "parallel.pipeline_config.pipeline_interleave", 1)
+    if isinstance(vpp, int) and vpp > 1 and _get(t.out, "parallel.pipeline_config.pipeline_scheduler", "1f1b") == "1f1b":
+        _set(t.out, "parallel.pipeline_config.pipeline_scheduler", "interleaved")
     # sizes: data parallel derived (-1), steps with epochs enough to reach them, global batch -> accumulation
     pc = t.out.get("parallel_config", {})
     tp, cp, pp = (int(pc.get(k, 1)) if isinstance(pc.get(k, 1), int) else 1
