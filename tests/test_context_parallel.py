@@ -1,7 +1,8 @@
-"""Context parallelism, pure parts (milliseconds, no MindSpore): the online-softmax block
-combination against one full softmax (fully masked blocks and rows included), the ring schedule
-(zigzag load balance, skipped blocks) replayed in NumPy against plain causal attention, storage
-order, and the named errors of bad settings."""
+"""Context parallelism in one process. Pure NumPy (milliseconds): the online-softmax block combination
+against one full softmax (fully masked blocks and rows included), the ring schedule (zigzag load
+balance, skipped blocks) replayed against plain causal attention, storage order, the named errors.
+Then, nothing communicated: the attention op rule, the plan of a cp2 x tp2 GPT (sequence over cp,
+gradients summed over cp, zigzag rotary positions) and TransformerConfig's context-parallel errors."""
 import numpy as np
 import pytest
 
@@ -90,3 +91,45 @@ def test_named_errors():
     (field, value, rule), = sp.problems(64, 2, 8, 8, algorithm="zigzag")
     assert field == "context_parallel_algo" and "colossal" in rule
     assert sp.normalize_algorithm("Ring") == "colossal"
+
+
+def test_attention_rule_selects_the_context_parallel_kernel():
+    from mindformers_core.sharding import Layout, infer
+    mesh = Layout((2, 2, 2), ("dp", "cp", "tp"))
+    q, kv = (8, 8, 32, 16), (8, 4, 32, 16)
+    res = infer("scaled_dot_product_attention", (mesh("dp", "tp", "cp", "None"),) * 3, (q, kv, kv))
+    assert res.local.name == "context_parallel_attention" and res.local.attrs["seq_axes"] == ("cp",)
+    assert res.local.attrs["local_q"] == (4, 4, 16, 16) and res.local.attrs["local_kv"] == (4, 2, 16, 16)
+    assert res.output.describe() == mesh("dp", "cp", "tp").describe()
+    plain = infer("scaled_dot_product_attention", (mesh("dp", "tp", "None", "None"),) * 3, (q, kv, kv))
+    assert plain.local is None                                   # heads split only: the op runs as is
+    gathered = infer("scaled_dot_product_attention", (mesh("dp", "None", "tp", "None"),) * 3, (q, kv, kv))
+    assert gathered.local is None and gathered.redistributions()  # a non-cp sequence split is gathered first
+
+
+def test_gpt_plan_splits_the_sequence_over_cp_and_sums_gradients_over_cp():
+    """One process, nothing communicated: the plan of a cp2 x tp2 GPT."""
+    from mindformers_core.sharding import plan_sharding
+    from mindformers_core.transformer import GPTModel, TransformerConfig
+    cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=2,
+                            vocab_size=64, seq_length=16, context_parallel_size=2, tensor_model_parallel_size=2)
+    ids = np.zeros((2, 16), np.int32)
+    plan = plan_sharding(GPTModel(cfg), cfg, ids, ids)
+    text = plan.explain()
+    assert "local kernel: context_parallel_attention" in text
+    assert plan.input_layouts[0].describe() == cfg.layout("None", "cp").describe()
+    assert all("cp" in axes for axes in plan.grad_axes.values())
+    # the rotary tables hold the zigzag positions: storage slot 4 is position 12 (chunks 0, 3 | 1, 2)
+    assert list(cfg.token_positions()[:8]) == [0, 1, 2, 3, 12, 13, 14, 15]
+
+
+def test_transformer_config_names_context_parallel_errors():
+    from mindformers_core.transformer import TransformerConfig
+    base = dict(num_layers=1, hidden_size=48, num_attention_heads=6, vocab_size=64, seq_length=48)
+    with pytest.raises(ValueError, match=r"num_attention_heads=6: must be divisible by the Ulysses degree 4"):
+        TransformerConfig(**base, context_parallel_size=4, context_parallel_algo="ulysses")
+    with pytest.raises(ValueError, match=r"seq_length=36: must be divisible by 2 x context_parallel = 8"):
+        TransformerConfig(**dict(base, seq_length=36), context_parallel_size=4)
+    with pytest.raises(ValueError, match=r"context_parallel_algo='zigzag'"):
+        TransformerConfig(**base, context_parallel_size=2, context_parallel_algo="zigzag")
+    assert TransformerConfig(**base, context_parallel_size=2, context_parallel_algo="ring").context_parallel_algo == "colossal"
