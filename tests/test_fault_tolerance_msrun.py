@@ -5,6 +5,7 @@ the job with a named error within the deadline; a job that fails before training
 """
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -19,13 +20,12 @@ LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
 STEPS = 10
 DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2,
        "--runner_config.max_steps", STEPS, "--lr_schedule.total_steps", STEPS,
-       # JSON without spaces: the launcher splits its command string on whitespace
-       "--callbacks", '[{"type":"MFLossMonitor"},{"type":"CheckpointMonitor","save_checkpoint_steps":1,'
-                      '"keep_checkpoint_max":3}]']
+       "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
+                      "keep_checkpoint_max: 3}]"]
 
 
 def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True):
-    cmd = " ".join(["run_mindformer.py", *args(tiny, out, *DP2)])
+    cmd = shlex.join(["run_mindformer.py", *args(tiny, out, *DP2)])     # the launcher splits it as a shell does
     env = child_env(dict(extra_env or {}))
     proc = subprocess.Popen(["bash", LAUNCHER, cmd, "2", str(free_port()), str(logs), "True", "120"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -49,6 +49,10 @@ def uninterrupted(tiny, tmp_path_factory):
     base = tmp_path_factory.mktemp("ft_uninterrupted")
     code, text = launch(tiny, base / "out", base / "logs")
     assert code == 0, text[-3000:]
+    # the console is ours: MindSpore's C++ log lines stay in the per-worker logs
+    from mindformers_core.training.supervisor import _CPP_LOG
+    assert not [line for line in text.splitlines() if _CPP_LOG.match(line)] and "step   10/10" in text
+    assert [line for line in (base / "logs" / "worker_0.log").read_text().splitlines() if _CPP_LOG.match(line)]
     return base / "out"
 
 
@@ -99,15 +103,15 @@ def test_a_stopped_rank_is_named_and_the_job_ends(tiny, tmp_path):
 @pytest.mark.msrun
 def test_a_rank_hanging_before_a_collective_ends_within_the_deadline(tiny, tmp_path):
     t0 = time.monotonic()
-    code, text = launch(tiny, tmp_path / "out", tmp_path / "logs", {"MFC_FAULT": "hang:1:3", "HEARTBEAT_TIMEOUT": "6"})
+    code, text = launch(tiny, tmp_path / "out", tmp_path / "logs", {"MFC_FAULT": "hang:1:3", "HEARTBEAT_TIMEOUT": "15"})
     assert code == 1, text[-3000:]
-    assert "made no progress for more than 6 s (last step 2)" in text and "ending the job" in text
+    assert "made no progress for more than 15 s (last step 2)" in text and "ending the job" in text
     assert time.monotonic() - t0 < 90
 
 
 def test_a_job_failing_before_training_is_not_restarted(tiny, tmp_path):
     # a bad configuration is refused by the supervisor itself, before msrun starts
-    cmd = " ".join(["run_mindformer.py", *args(tiny, tmp_path / "out", *DP2, "--parallel_config.data_parallel", 3)])
+    cmd = shlex.join(["run_mindformer.py", *args(tiny, tmp_path / "out", *DP2, "--parallel_config.data_parallel", 3)])
     res = subprocess.run(["bash", LAUNCHER, cmd, "2", str(free_port()), str(tmp_path / "logs"), "True", "60"],
                          cwd=ROOT, env=child_env({"MAX_RESTARTS": "2"}), capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .heartbeat import clear_heartbeats, process_state, read_heartbeats
 
@@ -75,18 +78,63 @@ def _kill_job(proc: subprocess.Popen, pids: Sequence[int]) -> None:
         pass
 
 
+class _Exits:
+    """The ranks' processes, each through a pidfd: the first exit wakes the wait at once, so the rank
+    that died first is the one named (msrun kills the others right after)."""
+
+    def __init__(self):
+        self.fds: Dict[int, Tuple[int, int]] = {}     # pid -> (fd, rank)
+
+    def track(self, rank: int, pid: int) -> None:
+        if pid in self.fds or not hasattr(os, "pidfd_open"):
+            return
+        try:
+            self.fds[pid] = (os.pidfd_open(pid), rank)
+        except OSError:
+            pass                                      # already gone: process_state reports it
+
+    def wait(self, timeout: float) -> Optional[Tuple[int, int]]:
+        """(rank, pid) of a process that exited within ``timeout`` seconds, else None."""
+        if not self.fds:
+            time.sleep(timeout)
+            return None
+        ready, _, _ = select.select([fd for fd, _ in self.fds.values()], [], [], timeout)
+        for pid, (fd, rank) in self.fds.items():
+            if fd in ready:
+                return rank, pid
+        return None
+
+    def close(self) -> None:
+        for fd, _ in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
 def watch(proc: subprocess.Popen, output_dir: Optional[str], workers: int, heartbeat_timeout: float,
           startup_timeout: float, log=print) -> Outcome:
     """Wait for the job, ending it at the first fault its heartbeats show."""
+    exits = _Exits()
+    try:
+        return _watch(proc, output_dir, workers, heartbeat_timeout, startup_timeout, log, exits)
+    finally:
+        exits.close()
+
+
+def _watch(proc, output_dir, workers, heartbeat_timeout, startup_timeout, log, exits: _Exits) -> Outcome:
     launched = time.monotonic()
-    started, fault, pids = False, None, []
+    started, fault, pids, beats = False, None, [], {}
     while proc.poll() is None:
-        time.sleep(POLL_S)
+        exited = exits.wait(POLL_S)
         beats = read_heartbeats(output_dir) if output_dir else {}
         started = started or bool(beats)
         pids = [b["pid"] for b in beats.values()]
+        for rank, b in beats.items():
+            exits.track(rank, int(b["pid"]))
         now = time.time()
-        for rank in sorted(beats):
+        if exited is not None and beats.get(exited[0], {}).get("state") not in ("done", "stopped"):
+            rank = exited[0]
+            fault = f"rank {rank} died (process {exited[1]} exited) after step {beats[rank]['step']}"
+        for rank in sorted(beats) if fault is None else ():
             b = beats[rank]
             if b.get("state") in ("done", "stopped"):
                 continue
@@ -123,11 +171,30 @@ def resume_flags(output_dir: Optional[str]) -> List[str]:
     return ["--overwrite_output_dir", "True"]
 
 
+# MindSpore's C++ log lines ("[WARNING] DISTRIBUTED(1234,...):2026-... [file.cc:12] Fn] text"): msrun shows
+# each worker's log on the console; they stay in <log_dir>/worker_<r>.log, the console keeps ours
+_CPP_LOG = re.compile(r"^\[(WARNING|INFO|DEBUG)\] [A-Z_]+\(\d+,")
+
+
+def _forward_quietly(stream) -> threading.Thread:
+    """Copy the job's output to ours, less MindSpore's C++ WARNING/INFO lines (ERRORs pass)."""
+    def pump():
+        for line in stream:
+            if not _CPP_LOG.match(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    thread = threading.Thread(target=pump, name="job-output", daemon=True)
+    thread.start()
+    return thread
+
+
 def supervise(command: Sequence[str], output_dir: Optional[str], workers: int = 1, max_restarts: int = 0,
-              heartbeat_timeout: float = 600.0, startup_timeout: float = 1800.0, env=None, log=print) -> int:
+              heartbeat_timeout: float = 600.0, startup_timeout: float = 1800.0, env=None, log=print,
+              quiet: bool = False) -> int:
     """Run ``command`` (a function of the attempt number, or a fixed list) until it succeeds or the
     restarts run out; returns the exit code. ``output_dir``: where the ranks' heartbeats and
-    checkpoints are (None: no heartbeats, no restarts)."""
+    checkpoints are (None: no heartbeats, no restarts). ``quiet``: MindSpore's C++ WARNING/INFO lines
+    are kept off the console (they stay in msrun's per-worker logs); ``MFC_VERBOSE=1`` shows them."""
     build = command if callable(command) else (lambda attempt, extra: list(command) + extra)
     env = dict(os.environ if env is None else env, MFC_SUPERVISED="1")
     extra: List[str] = []
@@ -136,14 +203,22 @@ def supervise(command: Sequence[str], output_dir: Optional[str], workers: int = 
             clear_heartbeats(output_dir)
         cmd = build(attempt, extra)
         log(f"supervisor: attempt {attempt + 1} of {max_restarts + 1}: {' '.join(cmd)}")
-        proc = subprocess.Popen(cmd, env=dict(env, MFC_ATTEMPT=str(attempt)), start_new_session=True)
+        proc = subprocess.Popen(cmd, env=dict(env, MFC_ATTEMPT=str(attempt)), start_new_session=True,
+                                stdout=subprocess.PIPE if quiet else None,
+                                stderr=subprocess.STDOUT if quiet else None, text=quiet,
+                                errors="replace" if quiet else None)
+        forward = _forward_quietly(proc.stdout) if quiet else None
         try:
             outcome = watch(proc, output_dir, workers, heartbeat_timeout, startup_timeout, log)
         except KeyboardInterrupt:
             _kill_job(proc, [b["pid"] for b in (read_heartbeats(output_dir) if output_dir else {}).values()])
+            if forward is not None:
+                forward.join(timeout=5)
             log("supervisor: interrupted (SIGINT); the job was ended. Published checkpoints are complete: "
                 "resume with --resume_training True")
             return 130
+        if forward is not None:
+            forward.join(timeout=30)
         if outcome.code == 0 and outcome.fault is None:
             return 0
         what = outcome.fault or f"the job exited with code {outcome.code}"
@@ -215,7 +290,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     return supervise(build, output_dir, a.workers, a.max_restarts, a.heartbeat_timeout,
-                     log=lambda s: print(s, flush=True))
+                     log=lambda s: print(s, flush=True), quiet=os.environ.get("MFC_VERBOSE", "0") in ("", "0"))
 
 
 if __name__ == "__main__":
