@@ -84,7 +84,7 @@ NOT_APPLIED = {   # a few of the keys each file lists as not applied on CPU
     "pretrain_qwen3_32b_4k.yaml": ["model.model_config.qkv_concat", "model.model_config.input_sliced_sig"],
     "pretrain_gpt2_small_fp16.yaml": ["moe_config.expert_num", "processor.tokenizer.type", "metric.type"],
     "pynative_train_config.yaml": ["monitor.tensorboard.output_dir", "profiler.enable_profiling",
-                                   "parallelism.context_parallel_method", "checkpoint.save_path",
+                                   "checkpoint.save_path",
                                    "context.max_device_memory"],
     "pynative_ds3.yaml": ["parallelism.data_parallel_shard_strategy", "model.kv_lora_rank", "recompute.full_recompute_layer"],
 }
