@@ -16,7 +16,7 @@ import pytest
 
 import run_mindformer
 from mindformers_core.training.faults import Fault, parse_faults
-from tests.test_trainer import ROOT, args, records, saved, steps_in, tiny  # noqa: F401  (tiny: fixture)
+from tests.test_trainer import ROOT, args, saved, steps_in, tiny  # noqa: F401  (tiny: fixture)
 
 EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
                              "keep_checkpoint_max: 10}]"]

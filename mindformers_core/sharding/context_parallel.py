@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ..common.sequence_placement import (CAUSAL, FULL, KV_HEAD, Q_TAIL, causal_mask_array, degrees,
+from ..common.sequence_placement import (CAUSAL, FULL, KV_HEAD, causal_mask_array, degrees,
                                          local_causal_positions, ring_schedule)
 from ..distributed.comm import kernels as K
 from ..distributed.comm.autograd import Differentiable

@@ -15,7 +15,7 @@ import yaml
 
 from .dialects import GRAPH, detect, override_known, suggest, translate, unknown
 from .rules import check_rules
-from .schema import SCHEMA, TYPE_CHECKS, Field, Section, default_tree, iter_fields, lookup
+from .schema import SCHEMA, TYPE_CHECKS, Field, Section, default_tree, lookup
 
 Overrides = Union[Mapping[str, Any], Sequence[Union[str, Tuple[str, Any]]]]
 

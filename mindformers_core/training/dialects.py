@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import mindformers_keys as K
-from .schema import SCHEMA, Section, iter_fields, lookup
+from .schema import Section, iter_fields, lookup
 
 GRAPH, PYNATIVE = "graph", "pynative"
 PYNATIVE_SECTIONS = ("training", "parallelism", "lr_scheduler")
