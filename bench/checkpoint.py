@@ -48,14 +48,15 @@ def run(out, steps, callbacks, extra=(), on_line=None, popen=False):
                             start_new_session=True)
     if popen:
         return proc
-    stamps = {}
+    stamps, lines = {}, []
     for line in proc.stdout:
+        lines.append(line)
         if line.startswith("step ") and "/" in line.split()[1]:
             stamps[int(line.split()[1].split("/")[0])] = time.monotonic()
         if on_line:
             on_line(line)
     if proc.wait() != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}")
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{''.join(lines[-20:])}")
     return stamps
 
 
@@ -144,7 +145,8 @@ def main():
     print(f"kills during async saves: {a.kills}")
     killed = kills(a.base, a.kills)
     plain = statistics.median(x["plain_step_s"] for v in rows.values() for x in v)
-    print("\n| saving | median step (s) | median step after a save (s) | save cost on the loop (s) |")
+    print("\n| saving | median step (s) | median step after a save (s; 'none': the same positions, no save) | "
+          "save cost on the loop (s) |")
     print("|---|---|---|---|")
     summary = {}
     for name, v in rows.items():
