@@ -236,13 +236,11 @@ def test_research_gpt_ln_registers_through_register_path():
 
 # ---- through the CLI ---------------------------------------------------------------------------------------
 
-CLI = os.path.join(ROOT, "mindformers_core", "training", "cli.py")
 SMALL = ["--model.model_config.num_layers", "2", "--model.model_config.hidden_size", "64",
          "--model.model_config.ffn_hidden_size", "128", "--model.model_config.seq_length", "32",
          "--model.model_config.vocab_size", "384"]   # as tests/test_wheel.py
 
 
-@pytest.mark.skipif(not os.path.exists(CLI), reason="mindformers_core/training/cli.py (the CLI) is not written yet")
 def test_cli_trains_a_register_path_model(tmp_path, monkeypatch):
     """End to end through the CLI: ``--register_path research/gpt_ln`` then 2 training steps."""
     from mindformers_core.training.cli import main

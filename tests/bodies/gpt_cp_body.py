@@ -3,12 +3,11 @@ its sequence split over ``cp`` (ring / Ulysses / hybrid attention, optionally wi
 trained 2 momentum-SGD steps (one layer: the suite runs it in PyNative and jit on 2 and 4 ranks); returns losses and this rank's weight shards for the test to merge."""
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn
 
 from mindformers_core.common.sequence_placement import to_storage_order
 from mindformers_core.distributed import get_env
 from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
-from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
+from mindformers_core.sharding.parallelizer import parallelize
 from mindformers_core.transformer import GPTModel, TransformerConfig
 from tests.bodies.gpt_tp_body import train
 
@@ -58,7 +57,7 @@ def run(configs, modes=("pynative", "jit")):
                 return to_storage_order(a, pos)[layout.local_slice(shape, rank)]
 
             # inputs and labels are cut from the natural-order tokens, then both put in storage order
-            losses = train_cp(model, [(slicer(t[:, :-1]), slicer(t[:, 1:])) for t in batches()], mode)
+            losses = train(model, batches(), slicer, mode)
             shards = {}
             for p in model.trainable_params():
                 sl = layout_of(p).local_slice(global_shape_of(p), rank)
@@ -66,19 +65,3 @@ def run(configs, modes=("pynative", "jit")):
             result[f"{name}/{mode}"] = {"losses": losses, "shards": shards,
                                         "plan": sharding_plan_of(model).explain() if mode == "pynative" else ""}
     return result
-
-
-def train_cp(model, pairs, mode):
-    """Momentum SGD as in gpt_tp_body.train, on (ids, labels) already cut for this rank."""
-    params = model.trainable_params()
-    opt = nn.Momentum(params, learning_rate=0.5, momentum=0.9)
-    reducer = GradientReducer(params)
-    grad_fn = ms.value_and_grad(model, None, params)
-
-    def step(ids, labels):
-        loss, grads = grad_fn(ids, labels)
-        opt(reducer(grads))
-        return loss
-
-    run = ms.jit(step) if mode == "jit" else step
-    return [float(run(Tensor(ids), Tensor(labels))) for ids, labels in pairs]
