@@ -12,6 +12,7 @@ from mindformers_core.pipeline import (
     stages_of_rank, to_chrome_trace, validate_schedule)
 from mindformers_core.common.placement import stage_placement
 from mindformers_core.pipeline import ScheduleGPipe as BuiltinGPipe    # the design's name is taken below
+from mindformers_core.pipeline.compute_order import compute_only
 from mindformers_core.pipeline.meta_step import consumes, produces
 
 T = MetaStepType
@@ -432,7 +433,13 @@ def test_comm_time_blocking_vs_async_sends():
     sched = build(BuiltinGPipe, 2, 2)
     # worked by hand: a blocking send keeps the sender busy until its receive is done
     assert simulate(sched, comm_time=0.5).makespan == 11.0
-    assert simulate(sched, comm_time=0.5, blocking_send=False).makespan == 10.0
+    # posted sends, but each receive posted only where its data is used: the transfer starts when
+    # both sides are posted, so F1's transfer waits for rank 1 to reach RECV_F1 (after F0@s1)
+    assert simulate(sched, comm_time=0.5, blocking_send=False).makespan == 11.0
+    # receives posted early and completed by wait steps: every transfer hides behind compute
+    posted = add_communication(compute_only(sched.exec_order), sched.placement, 2, blocking_send=False)
+    assert [repr(s) for s in posted[1][:4]] == ["RECV_F0@s1", "RECV_F1@s1", "WAIT_F0@s1", "F0@s1"]
+    assert simulate(posted, comm_time=0.5, blocking_send=False).makespan == 10.0
     tl = simulate(sched, comm_time=0.5)
     recv = next(t for t in tl.steps[1] if t.step == MetaStep(0, T.FWD_RECV, 1))
     assert (recv.start, recv.end) == (0.0, 1.5)                      # waits for F0@s0, then transfers

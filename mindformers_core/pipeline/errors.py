@@ -26,12 +26,14 @@ class ScheduleError(ValueError):
 
 
 class DeadlockError(ScheduleError):
-    """Blocking sends and receives can never all meet. ``stuck[rank] = (index, step, peer_rank)``
+    """Blocking sends and receives can never all meet (``blocking=True``), or posted receives wait
+    for sends that are never posted (``blocking=False``). ``stuck[rank] = (index, step, peer_rank)``
     says where each unfinished rank waits and on whom; ``cycle`` is a closed chain of ranks
     waiting on each other."""
 
-    def __init__(self, stuck: Dict[int, Tuple[int, MetaStep, int]], cycle: Tuple[int, ...]) -> None:
-        self.stuck, self.cycle = stuck, cycle
+    def __init__(self, stuck: Dict[int, Tuple[int, MetaStep, int]], cycle: Tuple[int, ...],
+                 blocking: bool = True) -> None:
+        self.stuck, self.cycle, self.blocking = stuck, cycle, blocking
         lines = []
         for rank, (index, step, peer_rank) in sorted(stuck.items()):
             peer_at = stuck[peer_rank][1] if peer_rank in stuck else None
@@ -40,6 +42,7 @@ class DeadlockError(ScheduleError):
         chain = " -> ".join(f"rank {r}" for r in cycle + cycle[:1])
         first = cycle[0]
         super().__init__("deadlock",
-                         "blocking send/recv never meet: " + "; ".join(lines)
+                         ("blocking send/recv never meet: " if blocking else
+                          "posted receives wait for sends that are never posted: ") + "; ".join(lines)
                          + f"; wait cycle: {chain}",
                          rank=first, index=stuck[first][0], step=stuck[first][1])

@@ -5,20 +5,27 @@ Rules, in the order they are checked (the ``rule`` of the raised ScheduleError):
 * ``input``     the arguments themselves (sizes, placement, step objects);
 * ``placement`` every step runs on the rank that holds its stage; stages exist; microbatches exist;
 * ``unique``    no step appears twice;
-* ``neighbour`` sends/receives connect stages on different ranks, handoffs stages on one rank;
-* ``matching``  every send has its receive on the neighbour's rank and vice versa;
+* ``neighbour`` sends/receives/waits connect stages on different ranks, handoffs stages on one rank;
+* ``matching``  every send has its receive on the neighbour's rank and vice versa; a wait step has
+  its receive on the same rank;
 * ``complete``  every (microbatch, stage) has one FWD and one BWD, or one BWD_INPUT and one
   BWD_WEIGHT; every stage boundary of every microbatch has its transfer;
-* ``order``     within a rank, a step comes after what it needs: a forward after its input arrived,
-  a send after the step producing the data, a backward after its forward and after its output
-  gradient arrived, a weight gradient after the input gradient. Across ranks these chains plus
-  the rendezvous give: FWD of stage s after FWD of s-1, BWD of s after BWD of s+1;
-* ``deadlock``  replaying blocking sends/receives (see ``replay``), every rank finishes.
+* ``order``     within a rank, a step comes after what it needs: a forward after its input arrived
+  (after the wait step when its receive has one), a send after the step producing the data, a
+  backward after its forward and after its output gradient arrived, a weight gradient after the
+  input gradient, a wait after its receive. The two halves of a FWD_BWD unit must each find what
+  they need before the unit. Across ranks these chains plus the transfers give: FWD of stage s
+  after FWD of s-1, BWD of s after BWD of s+1;
+* ``dataflow``  the compute steps alone can finish with free communication (else the chain of
+  ranks waiting for each other's data is named, see ``compute_order``);
+* ``deadlock``  replaying the sends/receives (see ``replay``: blocking rendezvous by default,
+  posted sends and receives with ``blocking_send=False``), every rank finishes.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .compute_order import compute_only, ideal_timeline
 from .errors import ScheduleError
 from .meta_step import MetaStep, MetaStepType as T
 from .replay import replay
@@ -65,69 +72,87 @@ def _expected_transfers(m: int, s: int, stage_num: int, rank_of: Sequence[int]) 
 
 def _requirements(step: MetaStep, stage_num: int, rank_of: Sequence[int],
                   present: Dict[MetaStep, Tuple[int, int]]) -> List[Tuple[MetaStep, str]]:
-    """What must come earlier on the same rank, with the reason (for the error message)."""
+    """What must come earlier on the same rank, with the reason (for the error message). For a
+    FWD_BWD unit: what either half needs."""
+    if step.type is T.FWD_BWD:
+        return [need for part in step.parts for need in _requirements(part, stage_num, rank_of, present)]
     m, s, t = step.micro_index, step.stage_index, step.type
     local_prev = s > 0 and rank_of[s - 1] == rank_of[s]
     local_next = s < stage_num - 1 and rank_of[s + 1] == rank_of[s]
     backward = MetaStep(m, T.BWD, s) if MetaStep(m, T.BWD, s) in present else MetaStep(m, T.BWD_INPUT, s)
+
+    def arrived(recv: MetaStep) -> MetaStep:          # the data is usable after the wait, if any
+        return recv.wait() if recv.wait() in present else recv
+
     if t is T.FWD:
         if s == 0:
             return []
-        src = MetaStep(m, T.FWD_HANDOFF, s - 1) if local_prev else MetaStep(m, T.FWD_RECV, s)
+        src = MetaStep(m, T.FWD_HANDOFF, s - 1) if local_prev else arrived(MetaStep(m, T.FWD_RECV, s))
         return [(src, "a forward needs its input from the previous stage first")]
     if t in (T.FWD_SEND, T.FWD_HANDOFF):
         return [(MetaStep(m, T.FWD, s), "an activation is passed on only after its forward")]
     if t in (T.BWD, T.BWD_INPUT):
         needs = [(MetaStep(m, T.FWD, s), "a backward comes after its forward")]
         if s < stage_num - 1:
-            src = MetaStep(m, T.BWD_HANDOFF, s + 1) if local_next else MetaStep(m, T.BWD_RECV, s)
+            src = MetaStep(m, T.BWD_HANDOFF, s + 1) if local_next else arrived(MetaStep(m, T.BWD_RECV, s))
             needs.append((src, "a backward needs the output gradient from the next stage first"))
         return needs
     if t is T.BWD_WEIGHT:
         return [(MetaStep(m, T.BWD_INPUT, s), "BWD_WEIGHT comes after BWD_INPUT")]
     if t in (T.BWD_SEND, T.BWD_HANDOFF):
         return [(backward, "a gradient is passed on only after the backward producing it")]
+    if t.is_wait:
+        return [(step.recv(), "a wait comes after the receive it completes")]
     return []
 
 
 def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: int,
-                      micro_batch_num: int, placement: Optional[PlacementSpec] = None) -> None:
+                      micro_batch_num: int, placement: Optional[PlacementSpec] = None,
+                      blocking_send: bool = True) -> None:
     """Raise ScheduleError (DeadlockError for a deadlock) if ``exec_order`` cannot run correctly.
 
     ``placement`` gives the rank of each stage: None for one stage per rank (stage s on rank s),
     ``"interleaved"``/``"v"`` (with ``len(exec_order)`` ranks), or an explicit sequence.
+    ``blocking_send``: the point-to-point model the deadlock check replays (``meta_step``
+    explains both): True for blocking rendezvous (the CPU runtime), False for posted sends and
+    receives completed by wait steps. An order valid with True is valid with False.
     """
     if not isinstance(exec_order, Mapping):
         raise ScheduleError("input", f"exec_order must be a dict rank -> list of MetaStep, "
                             f"got {type(exec_order).__name__}")
     _positive("stage_num", stage_num)
     _positive("micro_batch_num", micro_batch_num)
+    if not isinstance(blocking_send, bool):
+        raise ScheduleError("input", f"blocking_send={blocking_send!r} must be True (blocking rendezvous) or "
+                            "False (posted sends/receives)")
     rank_of = _resolve_placement(placement, list(exec_order), stage_num)
     for s, r in enumerate(rank_of):
         if r not in exec_order:
             raise ScheduleError("input", f"stage {s} lives on rank {r} (placement), but exec_order has "
                                 f"no list for rank {r}; it has ranks {sorted(exec_order)}")
 
-    present: Dict[MetaStep, Tuple[int, int]] = {}
+    present: Dict[MetaStep, Tuple[int, int]] = {}     # every single step (halves of a unit too)
     for rank, steps in exec_order.items():
         for i, step in enumerate(steps):
             if not isinstance(step, MetaStep):
                 raise ScheduleError("input", f"{step!r} is a {type(step).__name__}, not a MetaStep",
                                     rank=rank, index=i)
             where = dict(rank=rank, index=i, step=step)
-            if step.stage_index >= stage_num:
-                raise ScheduleError("placement", f"stage {step.stage_index} does not exist "
-                                    f"(stage_num={stage_num})", **where)
-            if step.micro_index >= micro_batch_num:
-                raise ScheduleError("placement", f"microbatch {step.micro_index} does not exist "
-                                    f"(micro_batch_num={micro_batch_num})", **where)
-            if rank_of[step.stage_index] != rank:
-                raise ScheduleError("placement", f"stage {step.stage_index} lives on rank "
-                                    f"{rank_of[step.stage_index]}, not on rank {rank}", **where)
-            if step in present:
-                raise ScheduleError("unique", f"appears twice (first at rank {present[step][0]} step "
-                                    f"{present[step][1]})", **where)
-            present[step] = (rank, i)
+            for part in step.parts:
+                what = f"{part!r} of the unit: " if step.type is T.FWD_BWD else ""
+                if part.stage_index >= stage_num:
+                    raise ScheduleError("placement", f"{what}stage {part.stage_index} does not exist "
+                                        f"(stage_num={stage_num})", **where)
+                if part.micro_index >= micro_batch_num:
+                    raise ScheduleError("placement", f"{what}microbatch {part.micro_index} does not exist "
+                                        f"(micro_batch_num={micro_batch_num})", **where)
+                if rank_of[part.stage_index] != rank:
+                    raise ScheduleError("placement", f"{what}stage {part.stage_index} lives on rank "
+                                        f"{rank_of[part.stage_index]}, not on rank {rank}", **where)
+                if part in present:
+                    raise ScheduleError("unique", f"{what}appears twice (first at rank {present[part][0]} step "
+                                        f"{present[part][1]})", **where)
+                present[part] = (rank, i)
             nxt = step.neighbour_stage
             if nxt is not None:
                 if not 0 <= nxt < stage_num:
@@ -137,7 +162,7 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
                 if step.type.is_handoff and not same:
                     raise ScheduleError("neighbour", f"stage {nxt} is on rank {rank_of[nxt]}: a "
                                         f"handoff only joins stages of one rank; use send/recv", **where)
-                if step.type.is_p2p and same:
+                if (step.type.is_p2p or step.type.is_wait) and same:
                     raise ScheduleError("neighbour", f"stage {nxt} is on the same rank: use "
                                         f"{'FWD' if step.type.name.startswith('FWD') else 'BWD'}_HANDOFF, "
                                         "not a send/recv to itself", **where)
@@ -146,6 +171,9 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
         if step.type.is_p2p and step.peer() not in present:
             raise ScheduleError("matching", f"no matching {step.peer()!r} on rank "
                                 f"{rank_of[step.peer().stage_index]}", rank=rank, index=i, step=step)
+        if step.type.is_wait and step.recv() not in present:
+            raise ScheduleError("matching", f"no {step.recv()!r} on rank {rank} for this wait to complete",
+                                rank=rank, index=i, step=step)
 
     for s in range(stage_num):
         rank = rank_of[s]
@@ -155,7 +183,7 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
                 other = next(x for x in split if x in present)
                 raise ScheduleError("complete", f"microbatch {m} of stage {s} has both a full backward "
                                     f"and a split one ({other!r}); use one or the other",
-                                    rank=rank, index=present[full][1], step=full)
+                                    rank=rank, index=present[full][1], step=exec_order[rank][present[full][1]])
             backward = [full] if full in present or not any(x in present for x in split) else list(split)
             for need in [MetaStep(m, T.FWD, s)] + backward + _expected_transfers(m, s, stage_num, rank_of):
                 if need not in present:
@@ -167,11 +195,15 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
         for i, step in enumerate(steps):
             for need, why in _requirements(step, stage_num, rank_of, present):
                 if need not in seen:
-                    raise ScheduleError("order", f"needs {need!r} earlier on rank {rank}: {why}",
+                    inside = step.type is T.FWD_BWD and need in step.parts
+                    raise ScheduleError("order", f"needs {need!r} earlier on rank {rank}: {why}"
+                                        + (" (the halves of a FWD_BWD unit run together, so they must be "
+                                           "independent)" if inside else ""),
                                         rank=rank, index=i, step=step)
-            seen.add(step)
+            seen.update(step.parts)
 
-    replay(exec_order, duration=lambda step: 1.0)
+    ideal_timeline(compute_only(exec_order), stage_num)
+    replay(exec_order, duration=lambda step: 1.0, blocking=blocking_send)
 
 
 def describe_exec_order(exec_order: Mapping[int, Sequence[MetaStep]]) -> Tuple[int, int, Tuple[int, ...]]:
@@ -181,8 +213,9 @@ def describe_exec_order(exec_order: Mapping[int, Sequence[MetaStep]]) -> Tuple[i
     micro = 0
     for rank, steps in exec_order.items():
         for step in steps:
-            rank_of.setdefault(step.stage_index, rank)
-            micro = max(micro, step.micro_index + 1)
+            for part in step.parts:
+                rank_of.setdefault(part.stage_index, rank)
+                micro = max(micro, part.micro_index + 1)
     if not rank_of:
         raise ScheduleError("input", "exec_order has no steps")
     stage_num = max(rank_of) + 1
