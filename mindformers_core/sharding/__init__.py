@@ -7,8 +7,9 @@ from .rules import (LocalKernel, NoRuleError, RuleError, RuleResult, get_rule, i
 from .annotations import sharding_plan_of
 from .parallelizer import GradientReducer, parallelize, plan_sharding
 from .styles import ColWiseParallel, NoParallel, PrepareInput, RowWiseParallel, SequenceParallel
+from .expert_parallel import ExpertParallel, expert_mesh
 
-__all__ = ["ColWiseParallel", "DTensor", "GradientReducer", "Layout", "LocalKernel", "NoRuleError", "Partial", "Placement",
+__all__ = ["ColWiseParallel", "DTensor", "ExpertParallel", "expert_mesh", "GradientReducer", "Layout", "LocalKernel", "NoRuleError", "Partial", "Placement",
            "RedistributionPlan", "Replicate", "RuleError", "RuleResult", "Shard", "Step",
            "apply_plan_numpy", "as_layout", "device_mesh_of", "execute_plan", "get_rule", "infer",
            "NoParallel", "parallelize", "plan_redistribution", "plan_sharding", "PrepareInput", "register_rule",

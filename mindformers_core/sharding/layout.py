@@ -57,13 +57,23 @@ class Layout:
     layout (like ``mindspore.parallel.Layout``)."""
 
     def __init__(self, device_matrix: Sequence[int], alias_name: Sequence[str],
-                 rank_list: Optional[Sequence[int]] = None) -> None:
+                 rank_list: Optional[Sequence[int]] = None,
+                 axis_groups: Optional[Dict[str, Sequence[str]]] = None) -> None:
         device_matrix, alias_name, ranks = check_mesh_spec("Layout", device_matrix, alias_name, rank_list)
         self.device_matrix: Tuple[int, ...] = device_matrix
         self.alias_name: Tuple[str, ...] = alias_name
         self.rank_list: List[int] = ranks
         self.dims: Optional[Tuple[Tuple[str, ...], ...]] = None   # per tensor dim: split axes
         self.partial: Dict[str, str] = {}                        # axis -> reduce op
+        # a name standing for several axes (outermost first): expert parallelism splits data
+        # parallel into ("edp", "ep") and keeps "dp" meaning both (see sharding/expert_parallel.py)
+        self.axis_groups: Dict[str, Tuple[str, ...]] = {}
+        for name, axes in (axis_groups or {}).items():
+            axes = tuple(axes)
+            if name in alias_name or not axes or any(a not in alias_name for a in axes):
+                raise ValueError(f"Layout: axis group {name!r} = {list(axes)} must be a new name over axes of "
+                                 f"{list(alias_name)}")
+            self.axis_groups[name] = axes
 
     # ---- building tensor layouts ----------------------------------------------------------
     def _axes_of(self, entry) -> Tuple[str, ...]:
@@ -78,6 +88,8 @@ class Layout:
             raise TypeError(f"Layout: entry {entry!r} must be an alias, 'None' or a tuple of aliases")
         if entry in self.alias_name:
             return (entry,)
+        if entry in self.axis_groups:
+            return self.axis_groups[entry]
         parts = entry.split("_")
         if len(parts) > 1 and all(p in self.alias_name for p in parts):
             return tuple(parts)
@@ -98,6 +110,7 @@ class Layout:
         out = Layout.__new__(Layout)
         out.device_matrix, out.alias_name, out.rank_list = self.device_matrix, self.alias_name, self.rank_list
         out.dims, out.partial = self.dims, dict(self.partial)
+        out.axis_groups = getattr(self, "axis_groups", {})
         out._raw_entries = getattr(self, "_raw_entries", None)
         return out
 
@@ -132,7 +145,20 @@ class Layout:
         return len(self.dims)
 
     def axis_size(self, axis: str) -> int:
+        if axis in self.axis_groups:
+            n = 1
+            for a in self.axis_groups[axis]:
+                n *= self.device_matrix[self.alias_name.index(a)]
+            return n
         return self.device_matrix[self.alias_name.index(axis)]
+
+    def has_axis(self, name: str) -> bool:
+        """True for an axis of the device matrix or an axis group (``"dp"`` = ``("edp", "ep")``)."""
+        return name in self.alias_name or name in self.axis_groups
+
+    def axes_of(self, name: str) -> Tuple[str, ...]:
+        """The device-matrix axes ``name`` stands for (itself, or an axis group's axes)."""
+        return self._axes_of(name)
 
     def axis_index(self, axis: str) -> int:
         """MindSpore's tensor_map number of ``axis`` (counted from the right)."""

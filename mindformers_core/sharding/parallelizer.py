@@ -24,6 +24,7 @@ from .boundary import Passthrough, Redistribute, ShardedCall, wrap_root
 from .dtensor import device_mesh_of
 from .layout import Layout, as_layout
 from .context_parallel import ContextParallelAttention, cp_groups
+from .expert_parallel import ExpertParallelExperts, expert_mesh
 from .local_kernels import VocabParallelCrossEntropyKernel, VocabParallelLookup
 from .propagation import PlanError, ShardingPlan, collect_declarations, propagate
 from .styles import plan_declarations
@@ -52,9 +53,13 @@ def mesh_layout(config=None, mesh=None) -> Layout:
     dp = get("data_parallel_size", "data_parallel", "dp")
     cp = get("context_parallel_size", "context_parallel", "cp")
     tp = get("tensor_model_parallel_size", "model_parallel", "tp")
-    for name, v in (("data_parallel_size", dp), ("context_parallel_size", cp), ("tensor_model_parallel_size", tp)):
+    ep = get("expert_model_parallel_size", "expert_parallel", "ep")
+    for name, v in (("data_parallel_size", dp), ("context_parallel_size", cp), ("tensor_model_parallel_size", tp),
+                    ("expert_model_parallel_size", ep)):
         if v < 1:
             raise ValueError(f"parallelize: {name}={v} must be >= 1")
+    if ep > 1:
+        return expert_mesh(dp, cp, tp, ep)
     return Layout((dp, cp, tp), ("dp", "cp", "tp"))
 
 
@@ -65,8 +70,8 @@ def default_input_layouts(graph: Graph, mesh: Layout) -> List[Layout]:
     for tid in graph.inputs:
         nd = len(graph.shape(tid))
         dims = ["None"] * nd
-        if nd and "dp" in mesh.alias_name and mesh.axis_size("dp") > 1:
-            dims[0] = "dp"
+        if nd and mesh.has_axis("dp") and mesh.axis_size("dp") > 1:
+            dims[0] = "dp"      # with expert parallelism "dp" is the axis group ("edp", "ep")
         if nd >= 2 and "cp" in mesh.alias_name and mesh.axis_size("cp") > 1:
             dims[1] = "cp"
         out.append(mesh(*dims))
@@ -134,7 +139,7 @@ def _check_executable(plan: ShardingPlan) -> None:
             raise PlanError(f"{node.describe()} needs the local kernel {res.local.name!r}, which only runs "
                             f"for an atomic Cell (a Cell with `sharding_op`); move the op into one")
         if res.local is not None and res.local.name not in ("vocab_parallel_lookup", "vocab_parallel_cross_entropy",
-                                                            "context_parallel_attention"):
+                                                            "context_parallel_attention", "expert_parallel"):
             raise PlanError(f"{node.describe()}: local kernel {res.local.name!r} is not implemented")
     for name, layout in plan.param_layouts.items():
         if layout.partial:
@@ -234,6 +239,11 @@ def _local_kernel(plan: ShardingPlan, call, rank: int) -> Optional[nn.Cell]:
             raise PlanError(f"{node.describe()}: attention_dropout > 0 is not supported with context parallelism")
         return ContextParallelAttention(call.cell, ring, ulysses, a["local_q"], a["local_kv"], scale,
                                         a["load_balance"])
+    if local.name == "expert_parallel":
+        a = local.attrs
+        group = device_mesh_of(res.outputs[0]).get_group((a["axis"],))
+        return ExpertParallelExperts(call.cell, group, a["num_experts"], a["local_tokens"], a["topk"],
+                                     a["capacity_factor"])
     raise PlanError(f"{node.describe()}: local kernel {local.name!r} is not implemented")
 
 

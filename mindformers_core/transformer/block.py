@@ -36,13 +36,37 @@ class TransformerBlock(nn.Cell):
         stage = stage_of(config, pp_rank, vp_stage, layers_per_stage)
         self.stage = stage
         self.layer_numbers = [i + 1 for i in stage.layers]
+        if config.is_moe and layer_spec is TransformerLayer:
+            from .moe import moe_layer_spec
+            layer_spec = moe_layer_spec   # MoE MLPs (dense in the first moe_first_k_dense_layers)
         self.layers = nn.CellList([layer_spec(config, n) for n in self.layer_numbers])
         self.has_final_layernorm = stage.has_output if post_layer_norm is None else post_layer_norm
         self.final_layernorm = build_norm(config.hidden_size, config) if self.has_final_layernorm else None
+        # MoE layers with a load-balancing loss return (x, aux); the block then returns (x, sum of aux)
+        self.aux_flags = tuple(bool(getattr(layer, "returns_aux", False)) for layer in self.layers)
+        self.returns_aux = any(self.aux_flags)
+        self.num_local_layers = len(self.layer_numbers)
 
     def construct(self, x):
+        if self.returns_aux:
+            return self._construct_with_aux(x)
         for layer in self.layers:
             x = layer(x)
         if self.has_final_layernorm:
             x = self.final_layernorm(x)
         return x
+
+    def _construct_with_aux(self, x):
+        aux = ()
+        for i in range(self.num_local_layers):
+            if self.aux_flags[i]:
+                x, a = self.layers[i](x)
+                aux = aux + (a,)
+            else:
+                x = self.layers[i](x)
+        if self.has_final_layernorm:
+            x = self.final_layernorm(x)
+        total = aux[0]
+        for a in aux[1:]:
+            total = total + a
+        return x, total

@@ -64,6 +64,24 @@ class TransformerConfig:
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
+    # ---- mixture of experts (docs/moe.md); num_moe_experts=None: every MLP is dense ----------
+    num_moe_experts: Optional[int] = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: Optional[int] = None          # one routed expert's width (None = ffn_hidden_size)
+    moe_shared_expert_intermediate_size: Optional[int] = None   # shared experts' total width (None/0 = none)
+    moe_router_score_function: str = "softmax"         # softmax | sigmoid
+    moe_router_num_groups: Optional[int] = None        # group-limited routing: expert groups
+    moe_router_group_topk: Optional[int] = None        # ... of which each token may use this many
+    moe_router_norm_topk_prob: bool = True             # renormalize the k chosen scores to sum 1
+    moe_router_topk_scaling_factor: float = 1.0        # routed_scaling_factor
+    moe_router_enable_expert_bias: bool = False        # selection bias, updated outside the gradient
+    moe_router_bias_update_rate: float = 1e-3
+    moe_router_load_balancing_type: str = "seq_aux_loss"   # seq_aux_loss | aux_loss | none
+    moe_aux_loss_coeff: float = 0.0
+    moe_expert_capacity_factor: Optional[float] = None     # None = dropless
+    moe_token_drop_policy: str = "position"
+    moe_first_k_dense_layers: int = 0                  # first_k_dense_replace: the first k layers stay dense
+    expert_model_parallel_size: int = 1
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -76,6 +94,10 @@ class TransformerConfig:
             _fail("context_parallel_algo", self.context_parallel_algo, str(e).split(": ", 1)[1])
         self._check_divisibility()
         self._check_dtypes()
+        if self.num_moe_experts is not None or self.expert_model_parallel_size != 1:
+            from .moe import moe_config_problems   # the MoE rules live with the MoE layer
+            for field, value, rule in moe_config_problems(self):
+                _fail(field, value, rule)
 
     # ---- validation ----------------------------------------------------------------------
     def _check_sizes(self):
@@ -176,10 +198,23 @@ class TransformerConfig:
 
     @property
     def layout(self):
-        """The (dp, cp, tp) device matrix of ``shard()`` declarations: ``config.layout("dp", "cp", "tp")``."""
+        """The (dp, cp, tp) device matrix of ``shard()`` declarations: ``config.layout("dp", "cp", "tp")``.
+        With expert parallelism data parallel is split into ("edp", "ep") and "dp" names both."""
         from ..sharding import Layout   # imported on use: the model itself never needs it
+        if self.expert_model_parallel_size > 1:
+            from ..sharding.expert_parallel import expert_mesh
+            return expert_mesh(self.data_parallel_size, self.context_parallel_size, self.tensor_model_parallel_size,
+                               self.expert_model_parallel_size)
         return Layout((self.data_parallel_size, self.context_parallel_size, self.tensor_model_parallel_size),
                       ("dp", "cp", "tp"))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_experts is not None
+
+    def is_moe_layer(self, layer_number: int) -> bool:
+        """Layer ``layer_number`` (global, 1-based) has a mixture-of-experts MLP."""
+        return self.is_moe and layer_number > self.moe_first_k_dense_layers
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

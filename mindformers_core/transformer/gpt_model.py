@@ -75,12 +75,18 @@ class GPTModel(nn.Cell):
                 self.output_layer = ColumnParallelLinear(config.hidden_size, config.vocab_size, config, bias=False)
                 init_weights(self.output_layer, "output_layer", std)
             self.loss = VocabParallelCrossEntropy()
+        self.returns_aux = self.decoder.returns_aux   # MoE: the load-balancing loss joins the loss
+        if self.returns_aux and not self.post_process:
+            raise ValueError("GPTModel: a mixture-of-experts load-balancing loss needs the output layer in the "
+                             "same model (pipeline parallelism with MoE is not supported yet)")
 
     def construct(self, input_ids, labels=None):
         if self.pre_process:
             x = self.embedding(input_ids)
         else:
             x = input_ids
+        if self.returns_aux:
+            return self._head_with_aux(self.decoder(x), labels)
         x = self.decoder(x)
         if not self.post_process:
             return x
@@ -91,3 +97,14 @@ class GPTModel(nn.Cell):
         if labels is None:
             return logits
         return self.loss(logits, labels)
+
+    def _head_with_aux(self, decoded, labels):
+        """MoE: the decoder returned (hidden states, load-balancing loss); the loss is their sum."""
+        x, aux = decoded
+        if self.tie:
+            logits = self.output_layer(x, self.embedding.word_embeddings.weight)
+        else:
+            logits = self.output_layer(x)
+        if labels is None:
+            return logits
+        return self.loss(logits, labels) + aux
