@@ -7,7 +7,7 @@ import pytest
 
 from mindformers_core.pipeline import (
     DeadlockError, MetaStep, MetaStepType, PipelineScheduleMulti, PipelineScheduleSingle, Schedule1F1B,
-    ScheduleError, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1, ScheduleZeroBubbleV,
+    ScheduleDualPipeV, ScheduleError, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1, ScheduleZeroBubbleV,
     StageInfo, StepCosts, Timeline, add_communication, render_text, simulate,
     stages_of_rank, to_chrome_trace, validate_schedule)
 from mindformers_core.common.placement import stage_placement
@@ -105,25 +105,28 @@ SINGLE = [BuiltinGPipe, Schedule1F1B, ScheduleZeroBubbleH1]
 def build(cls, p, m, rank=0):
     if cls is ScheduleInterleaved1F1B:
         return cls(stages_of_rank(rank, p, 2), m)
-    if cls is ScheduleZeroBubbleV:
+    if cls in (ScheduleZeroBubbleV, ScheduleDualPipeV):
         return cls(stages_of_rank(rank, p, 2, "v"), m)
     return cls(StageInfo(rank, p), m)
 
 
-ALL = SINGLE + [ScheduleInterleaved1F1B, ScheduleZeroBubbleV]
+ALL = SINGLE + [ScheduleInterleaved1F1B, ScheduleZeroBubbleV, ScheduleDualPipeV]
 
 
 @pytest.mark.parametrize("cls", ALL)
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_builtin_validates_for_m_p_2p_2p_plus_1(cls, p):
     for m in (p, 2 * p, 2 * p + 1):
-        if cls is ScheduleInterleaved1F1B and m % p:
-            continue                           # rejected, see test_interleaved_needs_multiple_of_pp
+        if cls is ScheduleDualPipeV and m < 2 * p:
+            continue                           # rejected, see test_pipeline_dualpipe.py
         sched = build(cls, p, m)
         validate_schedule(sched.exec_order, sched.stage_num, m, sched.placement)
         steps = [s for order in sched.exec_order.values() for s in order]
-        computes = [s for s in steps if s.type.is_compute]
+        computes = [part for s in steps if s.type.is_compute for part in s.parts]
         per_mb_stage = 3 if cls in (ScheduleZeroBubbleH1, ScheduleZeroBubbleV) else 2
+        if cls is ScheduleDualPipeV:           # some backwards split (I + W), the others whole
+            per_mb_stage = 2
+            computes = [s for s in computes if s.type is not T.BWD_WEIGHT]
         assert len(computes) == per_mb_stage * m * sched.stage_num
         # every rank builds the same global order
         assert build(cls, p, m, rank=p - 1).exec_order == sched.exec_order
@@ -141,7 +144,7 @@ def test_builtin_sends_only_between_ranks_and_hands_off_within_one(cls):
             if step.type.is_handoff:
                 assert rank_of[step.neighbour_stage] == rank, step
     handoffs = [s for s in sched.exec_order[p - 1] if s.type.is_handoff]
-    if cls is ScheduleZeroBubbleV:      # the bottom of the V: stages p-1 and p share rank p-1
+    if cls in (ScheduleZeroBubbleV, ScheduleDualPipeV):   # the bottom of the V: stages p-1, p on rank p-1
         assert sorted(map(repr, handoffs)) == sorted([f"HANDOFF_F{i}@s{p - 1}" for i in range(m)]
                                                      + [f"HANDOFF_B{i}@s{p}" for i in range(m)])
     else:
@@ -178,12 +181,28 @@ def test_random_compute_orders_get_deadlock_free_communication():
         assert [s for s in full[0] if s.type.is_compute] == order[0]
 
 
-def test_interleaved_needs_multiple_of_pp():
-    with pytest.raises(ValueError, match=r"micro_batch_num=9 must be a multiple of the pipeline size "
-                                         r"pp_size=4 .* use 8 or 12"):
-        ScheduleInterleaved1F1B(stages_of_rank(0, 4, 2), 9)
-    with pytest.raises(ValueError, match=r"micro_batch_num=2 must be a multiple .* use 4 or 4"):
-        ScheduleInterleaved1F1B(stages_of_rank(0, 4, 2), 2)
+@pytest.mark.parametrize("p, m", [(4, 5), (4, 6), (4, 7), (4, 9), (4, 10), (2, 3), (3, 4), (5, 7), (5, 12)])
+def test_interleaved_any_microbatch_count_reaches_the_ideal_makespan(p, m):
+    """m not a multiple of p: microbatches go in m // p groups of >= p; the bubble is the one of
+    equal stages, (p-1)/(vm+p-1), i.e. makespan 3(vm+p-1) with F=1, B=2 — blocking send/recv too."""
+    v = 2
+    sched = build(ScheduleInterleaved1F1B, p, m)
+    tl = simulate(sched)
+    assert tl.makespan == 3 * (v * m + p - 1)
+    assert tl.bubble_ratio == pytest.approx((p - 1) / (v * m + p - 1))
+    assert simulate(sched, blocking_send=False).makespan == tl.makespan
+
+
+def test_interleaved_microbatch_groups():
+    from mindformers_core.pipeline.schedules import microbatch_groups
+    assert [list(g) for g in microbatch_groups(6, 4)] == [list(range(6))]
+    assert [len(g) for g in microbatch_groups(10, 4)] == [5, 5]
+    assert [len(g) for g in microbatch_groups(9, 4)] == [5, 4]
+    assert [len(g) for g in microbatch_groups(8, 4)] == [4, 4]            # Megatron's groups of p
+    assert [len(g) for g in microbatch_groups(2, 4)] == [2]
+    # fewer microbatches than ranks: valid, the pipeline never fills
+    sched = build(ScheduleInterleaved1F1B, 4, 2)
+    validate_schedule(sched.exec_order, 8, 2, sched.placement)
 
 
 def test_1f1b_accepts_fewer_microbatches_than_stages():

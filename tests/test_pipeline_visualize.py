@@ -104,7 +104,7 @@ def test_custom_schedule_class_and_order_file(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--virtual", "2"],
      "--virtual 2: schedule '1f1b' needs 1 stages per rank"),
-    (["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"], "must be a multiple of the pipeline size"),
+    (["--schedule", "dualpipev", "--stages", "4", "--microbatches", "6"], "must be >= 2 * pp_size = 8"),
     (["--schedule", "nope", "--stages", "2", "--microbatches", "2"], "give a built-in name"),
     (["--schedule", "1f1b", "--stages", "2"], "--stages and --microbatches are required"),
     (["--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--fwd", "0"], "fwd_time=0.0 must be"),

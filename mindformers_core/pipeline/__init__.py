@@ -4,8 +4,11 @@ Schedules, validator and simulator are pure Python; `runtime` executes orders wi
 See docs/pipeline.md.
 """
 from .communication import add_communication
+from .compute_order import compute_only, ideal_makespan, ideal_timeline, validate_compute_order
 from .costs import StepCosts
 from .errors import DeadlockError, ScheduleError
+from .dualpipe import dualpipev_compute_order
+from .lowering import lower_for_runtime, split_overlapped
 from .meta_step import MetaStep, MetaStepType
 from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge_microbatches,
                          split_microbatches)
@@ -13,8 +16,8 @@ from .planner import (LayerCost, LayerProfile, StagePlan, measure_layers, measur
                       plan_stages, report, stage_times_from_trace)
 from .replay import StepTiming
 from .schedule_base import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
-from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZeroBubbleH1,
-                        ScheduleZeroBubbleV, build_schedule)
+from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe, ScheduleInterleaved1F1B,
+                        ScheduleZeroBubbleH1, ScheduleZeroBubbleV, build_schedule)
 from .simulator import Timeline, simulate
 from .stage import StageInfo, stages_of_rank
 from .stage_split import split_model
@@ -31,4 +34,6 @@ __all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "Replicate
            "stages_of_rank", "to_chrome_trace", "validate_schedule",
            "LayerCost", "LayerProfile", "StagePlan", "measure_layers", "measure_stage_times",
            "plan_stages", "report", "stage_times_from_trace",
-           "load_trace", "render_svg", "save_svg", "save_trace", "timeline_from_trace", "trace_to_dict"]
+           "load_trace", "render_svg", "save_svg", "save_trace", "timeline_from_trace", "trace_to_dict",
+           "ScheduleDualPipeV", "compute_only", "dualpipev_compute_order", "ideal_makespan", "ideal_timeline",
+           "lower_for_runtime", "split_overlapped", "validate_compute_order"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
+from .lowering import lower_for_runtime, needs_lowering
 from .meta_step import MetaStep
 from ..common.placement import PlacementSpec, stage_placement
 from .validator import validate_schedule
@@ -26,7 +27,14 @@ class PipelineScheduleBase:
     Attributes for ``construct_exec_order``: ``stages``, ``stage_num``, ``pp_size``,
     ``stages_per_rank``, ``placement`` (rank of each stage), ``rank``, ``micro_batch_num`` and
     ``exec_order`` (an empty dict to fill, keyed by pipeline rank).
+
+    ``blocking_send`` (class attribute, default True) is the point-to-point model the order is
+    validated under: set it to False in a subclass whose order posts sends and receives (wait
+    steps, see ``meta_step``). ``exec_order`` is the schedule as data (it may hold FWD_BWD units
+    and wait steps); ``local_order`` is what this rank executes (``lowering.lower_for_runtime``).
     """
+
+    blocking_send = True
 
     def __init__(self, stages: Sequence, micro_batch_num: int,
                  placement: PlacementSpec = "interleaved") -> None:
@@ -64,7 +72,8 @@ class PipelineScheduleBase:
         self.micro_batch_num = micro_batch_num
         self.exec_order: Dict[int, List[MetaStep]] = {}
         self.construct_exec_order()
-        validate_schedule(self.exec_order, self.stage_num, self.micro_batch_num, self.placement)
+        validate_schedule(self.exec_order, self.stage_num, self.micro_batch_num, self.placement,
+                          blocking_send=self.blocking_send)
 
     def construct_exec_order(self) -> None:
         """Fill ``self.exec_order[rank]`` for every pipeline rank."""
@@ -72,8 +81,16 @@ class PipelineScheduleBase:
 
     @property
     def local_order(self) -> List[MetaStep]:
-        """The steps this rank executes."""
-        return self.exec_order[self.rank]
+        """The steps this rank executes: ``exec_order[rank]``, or, when the order holds FWD_BWD
+        units or posted receives with wait steps, its lowering to single steps and blocking
+        send/recv (``lowering.lower_for_runtime``, computed once for all ranks)."""
+        if not needs_lowering(self.exec_order) and self.blocking_send:
+            return self.exec_order[self.rank]
+        cached = self.__dict__.get("_lowered")
+        if cached is None or cached[0] is not self.exec_order or cached[1] != _fingerprint(self.exec_order):
+            cached = (self.exec_order, _fingerprint(self.exec_order), lower_for_runtime(self))
+            self.__dict__["_lowered"] = cached
+        return cached[2][self.rank]
 
     def runtime(self, mode: str = "pynative"):
         """The :class:`~.runtime.PipelineRuntime` executing this schedule (stages must be
@@ -97,6 +114,10 @@ class PipelineScheduleBase:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(pp_size={self.pp_size}, stages_per_rank={self.stages_per_rank}, "
                 f"micro_batch_num={self.micro_batch_num}, rank={self.rank})")
+
+
+def _fingerprint(exec_order) -> tuple:
+    return tuple((r, len(steps), tuple(steps[:1] + steps[-1:])) for r, steps in sorted(exec_order.items()))
 
 
 class PipelineScheduleSingle(PipelineScheduleBase):

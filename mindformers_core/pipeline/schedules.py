@@ -7,9 +7,11 @@ schedule                   stages per rank     order on each rank
 =========================  ==================  =====================================================
 ScheduleGPipe              1                   all forwards, then all backwards
 Schedule1F1B               1                   p-1-r forwards, then one forward / one backward
-ScheduleInterleaved1F1B    v, interleaved      1F1B over virtual stages, microbatches in groups of p
+ScheduleInterleaved1F1B    v, interleaved      1F1B over virtual stages, microbatches in groups of >= p
 ScheduleZeroBubbleH1       1                   1F1B, split backward, r weight grads delayed on rank r
 ScheduleZeroBubbleV        2, V shape          greedy: input grad > forward (memory-capped) > weight
+ScheduleDualPipeV          2, V shape          DualPipeV: forward of one chunk overlapped with the
+                                               backward of the other (FWD_BWD units), see dualpipe
 =========================  ==================  =====================================================
 
 (p: pipeline ranks, r: rank, m: microbatches, v: stages per rank.)
@@ -19,7 +21,10 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from .communication import add_communication
+from .compute_order import ideal_makespan
 from .costs import StepCosts
+from .dualpipe import dualpipev_compute_order
+from .errors import ScheduleError
 from .meta_step import MetaStep, MetaStepType as T
 from .replay import replay
 from .schedule_base import PipelineScheduleMulti, PipelineScheduleSingle
@@ -27,7 +32,22 @@ from .zero_bubble import greedy_split_backward_order
 
 
 def _fill(schedule, compute: Dict[int, List[MetaStep]]) -> None:
-    schedule.exec_order.update(add_communication(compute, schedule.placement, schedule.stage_num))
+    schedule.exec_order.update(add_communication(compute, schedule.placement, schedule.stage_num,
+                                                 micro_batch_num=schedule.micro_batch_num))
+
+
+def microbatch_groups(micro_batch_num: int, pp_size: int) -> List[range]:
+    """Interleaved 1F1B's rounds: ``micro_batch_num // pp_size`` groups (at least one) of
+    consecutive microbatches, sizes as equal as possible (earlier groups one larger), so every
+    group holds at least ``pp_size`` microbatches when there are that many."""
+    rounds = max(1, micro_batch_num // pp_size)
+    base, extra = divmod(micro_batch_num, rounds)
+    out, start = [], 0
+    for k in range(rounds):
+        size = base + (1 if k < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
 
 
 def _blocking_makespan(exec_order: Dict[int, List[MetaStep]]) -> float:
@@ -66,44 +86,66 @@ class Schedule1F1B(PipelineScheduleSingle):
 class ScheduleInterleaved1F1B(PipelineScheduleMulti):
     """Megatron's interleaved 1F1B (virtual pipeline): each rank holds v stages, s on rank s % p.
 
-    Microbatches go through a rank's stages in groups of p: forwards run group 1 on chunk 0,
-    group 1 on chunk 1, ..., then group 2; backwards mirror it from the last chunk. Rank r warms
-    up with 2(p-1-r) + (v-1)p forwards, then alternates. The bubble shrinks v times against 1F1B:
-    (p-1)/(v*m + p-1) with equal stages. Needs micro_batch_num to be a multiple of p (Megatron's
-    rule): with a partial last group this order can leave a rank waiting for data that comes
-    after it in another rank's order.
+    Microbatches go through a rank's stages in groups (``microbatch_groups``: m // p groups of
+    consecutive microbatches, as equal as possible, so each holds at least p when m >= p):
+    forwards run group 1 on chunk 0, group 1 on chunk 1, ..., then group 2; backwards mirror it
+    from the last chunk. Rank r warms up with 2(p-1-r) + (v-1)g forwards (g: the first group's
+    size; g = p when p divides m, Megatron's count), then alternates. The bubble shrinks v times
+    against 1F1B: (p-1)/(v*m + p-1) with equal stages, for any m >= p (m = 6 or 10 with p = 4
+    included: groups [6] and [5, 5]); with m < p the pipeline never fills.
 
     With blocking send/recv that warm-up can leave neighbours out of step (for B = 2F whenever
-    p % 3 == 2: a send waits for a receiver in the middle of a backward, every period). Odd ranks
-    then warm up with one more forward, which lines the ranks up again at the price of one stage
-    activation on those ranks; the order kept is the one with the shorter simulated makespan.
+    p % 3 == 2: a send waits for a receiver in the middle of a backward, every period). Some
+    ranks then warm up with one or two more forwards, which lines the ranks up again at the price
+    of a stage activation on those ranks: candidates (odd ranks +1, last rank +1, then a search
+    rank by rank) are simulated and the shortest kept. With posted sends the plain warm-up
+    already reaches the compute order's ideal makespan (``compute_order()``).
     """
 
     def __init__(self, stages: Sequence, micro_batch_num: int) -> None:
         super().__init__(stages, micro_batch_num, placement="interleaved")
 
     def construct_exec_order(self):
-        p, m = self.pp_size, self.micro_batch_num
-        if m % p:
-            raise ValueError(f"ScheduleInterleaved1F1B: micro_batch_num={m} must be a multiple of the "
-                             f"pipeline size pp_size={p} (microbatches go through the virtual stages in "
-                             f"groups of {p}); use {max(p, m // p * p)} or {(m // p + 1) * p}")
-        candidates = [self._order(lambda r: 0), self._order(lambda r: r % 2)]
-        self.exec_order.update(min(candidates, key=_blocking_makespan))
+        p = self.pp_size
+        target = ideal_makespan(self.compute_order(), self.stage_num)
+        best = None
+        for extra in ([0] * p, [r % 2 for r in range(p)], [0] * (p - 1) + [1]):
+            best = _better(best, extra, self._order(extra))
+        # still short of the compute order's own makespan: one pass of coordinate search, last
+        # rank first, over 0..2 extra warm-up forwards per rank (blocking sends only lose here)
+        for r in reversed(range(p)):
+            if best[0] <= target:
+                break
+            for k in (1, 2):
+                best = _better(best, best[1][:r] + [k] + best[1][r + 1:], None, self)
+        self.exec_order.update(best[2])
 
-    def _order(self, extra_warmup) -> Dict[int, List[MetaStep]]:
+    def compute_order(self, extra_warmup=lambda r: 0) -> Dict[int, List[MetaStep]]:
+        """The compute steps per rank (before communication); ``extra_warmup(rank)`` forwards
+        are added to the warm-up."""
         p, v, m = self.pp_size, self.stages_per_rank, self.micro_batch_num
-        groups = [range(g, g + p) for g in range(0, m, p)]
+        groups = microbatch_groups(m, p)
         compute = {}
         for r in range(p):
             fwd = [MetaStep(i, T.FWD, c * p + r) for g in groups for c in range(v) for i in g]
             bwd = [MetaStep(i, T.BWD, c * p + r) for g in groups for c in reversed(range(v)) for i in g]
-            warmup = min(len(fwd), 2 * (p - 1 - r) + (v - 1) * p + extra_warmup(r))
+            warmup = min(len(fwd), 2 * (p - 1 - r) + (v - 1) * len(groups[0]) + extra_warmup(r))
             steps = fwd[:warmup]
             for k in range(len(fwd) - warmup):
                 steps += [fwd[warmup + k], bwd[k]]
             compute[r] = steps + bwd[len(fwd) - warmup:]
-        return add_communication(compute, self.placement, self.stage_num)
+        return compute
+
+    def _order(self, extra: Sequence[int]) -> Dict[int, List[MetaStep]]:
+        return add_communication(self.compute_order(lambda r: extra[r]), self.placement, self.stage_num,
+                                 micro_batch_num=self.micro_batch_num)
+
+
+def _better(best, extra, order, schedule=None):
+    """(makespan, extra warm-up per rank, order): the shorter of ``best`` and this candidate."""
+    order = order if order is not None else schedule._order(extra)
+    cand = (_blocking_makespan(order), list(extra), order)
+    return cand if best is None or cand[0] < best[0] else best
 
 
 class ScheduleZeroBubbleH1(PipelineScheduleSingle):
@@ -152,6 +194,43 @@ class ScheduleZeroBubbleV(PipelineScheduleMulti):
         _fill(self, compute)
 
 
+class ScheduleDualPipeV(PipelineScheduleMulti):
+    """DualPipeV (DeepSeek's DualPipe cut in half): two stages per rank in a V as ZBV (rank r
+    holds stages r and 2p-1-r, rank 0 computes the loss). In the steady state every step is one
+    ``FWD_BWD`` unit: the forward of one chunk overlapped with the full backward of the other, so
+    that on hardware that overlaps, one half's communication (MoE all-to-all) hides behind the
+    other half's compute; warm-up and cool-down split some backwards (zero bubble). The order and
+    its phases: ``dualpipe.dualpipev_compute_order``. Needs micro_batch_num >= 2 * pp_size.
+
+    ``exec_order`` holds the units (validate, simulate and draw them: ``simulate(..., overlap=x)``
+    credits the overlap); ``local_order``, what the runtime executes, runs each unit as its
+    forward then its backward (``lowering.lower_for_runtime``): on CPU the same numbers.
+    Activations: at most 2p + 1 stage activations of half a rank's layers on every rank (the
+    simulator's peak; DeepSeek's table gives PP + 1 for PP = 2p stages), one more than ZBV's cap."""
+
+    def __init__(self, stages: Sequence, micro_batch_num: int) -> None:
+        stages = list(stages)
+        if len(stages) != 2:
+            raise ValueError(f"ScheduleDualPipeV: got {len(stages)} stage(s) for this rank; DualPipeV needs "
+                             "exactly 2 (rank r holds stages r and 2*pp-1-r)")
+        if isinstance(micro_batch_num, int) and not isinstance(micro_batch_num, bool) and micro_batch_num >= 1:
+            pp = stages[0].stage_num // 2
+            if micro_batch_num < 2 * pp:
+                raise ValueError(f"ScheduleDualPipeV: micro_batch_num={micro_batch_num} must be >= 2 * pp_size = "
+                                 f"{2 * pp} (pp_size={pp}); use {2 * pp} or more, or ScheduleZeroBubbleV")
+        super().__init__(stages, micro_batch_num, placement="v")
+
+    def compute_order(self, overlap: bool = True) -> Dict[int, List[MetaStep]]:
+        """The compute steps per rank; ``overlap=False`` runs each unit as its forward, then its backward."""
+        try:
+            return dualpipev_compute_order(self.pp_size, self.micro_batch_num, overlap)
+        except ScheduleError as exc:
+            raise ValueError(f"ScheduleDualPipeV: {exc.detail}") from None
+
+    def construct_exec_order(self):
+        _fill(self, self.compute_order())
+
+
 # name -> (class, stages per rank, placement): what a config's ``pipeline_scheduler`` selects
 BUILTIN_SCHEDULES = {
     "gpipe": (ScheduleGPipe, 1, "interleaved"),
@@ -159,6 +238,7 @@ BUILTIN_SCHEDULES = {
     "interleaved": (ScheduleInterleaved1F1B, 2, "interleaved"),
     "zb_h1": (ScheduleZeroBubbleH1, 1, "interleaved"),
     "zbv": (ScheduleZeroBubbleV, 2, "v"),
+    "dualpipev": (ScheduleDualPipeV, 2, "v"),
 }
 
 

@@ -2,7 +2,8 @@
 
 One row per rank; every compute step is a box coloured by its type (F forward, B backward,
 I input gradient, W weight gradient) with its microbatch number inside, placed at its start and as
-wide as it lasts. When a rank holds several stages, the boxes of its later stages are lighter and
+wide as it lasts. An overlapped FWD_BWD unit is one box, its upper half in the forward's colour and
+its lower half in its backward's, labelled ``3|1`` (forward's microbatch | backward's). When a rank holds several stages, the boxes of its later stages are lighter and
 their tooltip names the stage. Sends/receives that take time show as a thin grey bar under the row
 (waiting for the peer included). Below: a time axis, a legend and the makespan / bubble / in-flight
 summary. Hovering a box shows ``F3@s1  12–13`` (SVG ``<title>``).
@@ -19,8 +20,9 @@ from xml.sax.saxutils import escape, quoteattr
 from .simulator import Timeline
 from .render import as_timeline
 
-COLORS = {"F": "#4e79a7", "B": "#f28e2b", "I": "#e15759", "W": "#59a14f"}
-NAMES = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad"}
+COLORS = {"F": "#4e79a7", "B": "#f28e2b", "I": "#e15759", "W": "#59a14f", "FB": "#4e79a7"}
+NAMES = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad",
+         "FB": "forward + backward overlapped"}
 LEFT, RIGHT, TOP, ROW_H, BOX_H = 72, 24, 34, 30, 22
 CHAR_W = 7.0          # approximate width of one 11px digit
 
@@ -97,6 +99,12 @@ def render_svg(source, title: Optional[str] = None, time_unit: str = "",
                        f"{', stage ' + str(t.step.stage_index) if several else ''})  "
                        f"{_fmt(t.start)}–{_fmt(t.end)}</title></rect>")
             text = str(t.step.micro_index)
+            if kind.name == "FWD_BWD":
+                back = t.step.backward
+                out.append(f'<rect class="fb-backward" x="{x:.2f}" y="{box_y + BOX_H / 2:.1f}" '
+                           f'width="{max(w, 0.5):.2f}" height="{BOX_H / 2:.1f}" rx="2" '
+                           f'fill="{COLORS[back.type.value]}" fill-opacity="{opacity:g}" pointer-events="none"/>')
+                text = f"{t.step.micro_index}|{back.micro_index}"
             if w >= CHAR_W * len(text) + 3:
                 fill = "" if opacity > 0.7 else ' style="fill:#222222"'
                 out.append(f'<text class="label"{fill} x="{x + w / 2:.2f}" y="{box_y + BOX_H / 2:.1f}">'
@@ -113,10 +121,12 @@ def render_svg(source, title: Optional[str] = None, time_unit: str = "",
     y = axis_y + 40
     x = LEFT
     used = {t.step.type.value for ts in compute.values() for t in ts}
-    for code in "FBIW":
+    for code in ("F", "B", "I", "W", "FB"):
         if code not in used:
             continue
         out.append(f'<rect x="{x}" y="{y - 10}" width="14" height="12" rx="2" fill="{COLORS[code]}"/>')
+        if code == "FB":
+            out.append(f'<rect x="{x}" y="{y - 4}" width="14" height="6" rx="2" fill="{COLORS["B"]}"/>')
         out.append(f'<text x="{x + 19}" y="{y}">{code} {NAMES[code]}</text>')
         x += 34 + 6.2 * len(f"{code} {NAMES[code]}")
     out.append(f'<rect class="comm" x="{x}" y="{y - 5}" width="14" height="3"/>')

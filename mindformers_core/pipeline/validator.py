@@ -168,12 +168,13 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
                                         "not a send/recv to itself", **where)
 
     for step, (rank, i) in present.items():
-        if step.type.is_p2p and step.peer() not in present:
-            raise ScheduleError("matching", f"no matching {step.peer()!r} on rank "
-                                f"{rank_of[step.peer().stage_index]}", rank=rank, index=i, step=step)
         if step.type.is_wait and step.recv() not in present:
             raise ScheduleError("matching", f"no {step.recv()!r} on rank {rank} for this wait to complete",
                                 rank=rank, index=i, step=step)
+    for step, (rank, i) in present.items():
+        if step.type.is_p2p and step.peer() not in present:
+            raise ScheduleError("matching", f"no matching {step.peer()!r} on rank "
+                                f"{rank_of[step.peer().stage_index]}", rank=rank, index=i, step=step)
 
     for s in range(stage_num):
         rank = rank_of[s]

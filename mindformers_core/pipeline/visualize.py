@@ -42,7 +42,7 @@ from .stage import stages_of_rank
 from .validator import describe_exec_order, validate_schedule
 from .render import load_trace, mean_step_costs, render_text, to_chrome_trace
 
-_CODES = {t.value: t for t in MetaStepType}
+_CODES = {t.value: t for t in MetaStepType if t is not MetaStepType.FWD_BWD}   # a unit is written F..+B..
 _STEP = re.compile(r"^([A-Z_]+?)(\d+)@s(\d+)$")
 
 
@@ -51,11 +51,19 @@ class UsageError(Exception):
 
 
 def parse_step(text: str) -> MetaStep:
-    """``"F3@s1"`` / ``"SEND_B0@s2"`` (a MetaStep's repr) -> MetaStep."""
+    """``"F3@s1"`` / ``"SEND_B0@s2"`` / ``"F3@s1+B1@s6"`` (a MetaStep's repr) -> MetaStep."""
+    if isinstance(text, str) and "+" in text:
+        fwd, _, bwd = text.strip().partition("+")
+        try:
+            return MetaStep.overlapped(parse_step(fwd), parse_step(bwd))
+        except ValueError as exc:
+            raise ValueError(f"{text!r} is not an overlapped step: write 'F<m>@s<stage>+B<m>@s<stage>' "
+                             f"(or +I...) ({exc})") from None
     match = _STEP.match(text.strip()) if isinstance(text, str) else None
     if not match or match[1] not in _CODES:
         raise ValueError(f"{text!r} is not a step; write it as its repr, e.g. 'F3@s1', 'B0@s0', 'I2@s1', 'W2@s1', "
-                         f"'SEND_F0@s0', 'RECV_B1@s2', 'HANDOFF_F3@s3' (codes: {', '.join(_CODES)})")
+                         f"'SEND_F0@s0', 'RECV_B1@s2', 'WAIT_B1@s2', 'HANDOFF_F3@s3', 'F3@s1+B1@s6' "
+                         f"(codes: {', '.join(_CODES)})")
     return MetaStep(int(match[2]), _CODES[match[1]], int(match[3]))
 
 
@@ -159,7 +167,7 @@ def _costs(args) -> Dict[str, float]:
     if bwd is None:
         bwd = args.bwd_input + args.bwd_weight if args.bwd_input is not None and args.bwd_weight is not None else 2.0
     kwargs = dict(fwd_time=args.fwd, bwd_time=bwd, bwd_input_time=args.bwd_input,
-                  bwd_weight_time=args.bwd_weight, comm_time=args.comm)
+                  bwd_weight_time=args.bwd_weight, comm_time=args.comm, overlap=args.overlap)
     try:
         StepCosts(*kwargs.values())
     except ValueError as exc:
@@ -207,7 +215,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bwd-input", type=float, help="split backward: input-gradient cost (default bwd / 2)")
     p.add_argument("--bwd-weight", type=float, help="split backward: weight-gradient cost (default bwd - bwd-input)")
     p.add_argument("--comm", type=float, default=0.0, help="send/recv cost (default 0)")
-    p.add_argument("--async-send", action="store_true", help="sends do not wait for their receive")
+    p.add_argument("--async-send", action="store_true",
+                   help="posted point-to-point: sends do not wait for their receive, wait steps complete receives")
+    p.add_argument("--overlap", type=float, default=0.0,
+                   help="FWD_BWD units: fraction of the shorter half hidden behind the other (0..1, default 0)")
     p.add_argument("--unit", type=float, help="time per text column (default: shortest compute step)")
     p.add_argument("--svg", metavar="FILE", help="write an SVG picture")
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
@@ -242,7 +253,7 @@ def _run(args, out) -> int:
     if args.order:
         order, *shape = load_order(args.order)
         try:
-            validate_schedule(order, *shape)
+            validate_schedule(order, *shape, blocking_send=not args.async_send)
         except ScheduleError as exc:
             raise UsageError(_schedule_error(exc, order)) from None
     elif args.schedule or not args.trace:
@@ -283,7 +294,7 @@ def _run(args, out) -> int:
         tl = simulate(order, blocking_send=not args.async_send, **costs)
         label = type(sched).__name__ if sched is not None else f"order from {args.order}"
         given = [("F", "fwd_time"), ("B", "bwd_time"), ("I", "bwd_input_time"), ("W", "bwd_weight_time"),
-                 ("comm", "comm_time")]
+                 ("comm", "comm_time"), ("overlap", "overlap")]
         what = (f"{label}: {shape[0]} stage(s) on {len(order)} rank(s), {shape[1]} microbatch(es); costs "
                 + " ".join(f"{k}={costs[v]:g}" for k, v in given if costs[v]))
         unit = args.unit
