@@ -263,7 +263,7 @@ VALUE_ALIASES: Dict[str, Dict[object, object]] = {
                          "linear": "LinearWithWarmUpLR", "cosine": "CosineWithWarmUpLR",
                          "constant_with_warmup": "ConstantWarmUpLR"},
     "model.model_config.hidden_act": {"fusedswiglu": "swiglu", "fast_gelu": "gelu"},
-    "parallel.pipeline_config.pipeline_scheduler": {"zero_bubble_v": "zbv", "zbv": "zbv", "1F1B": "1f1b",
+    "parallel.pipeline_config.pipeline_scheduler": {"zero_bubble_v": "zbv", "zbv": "zbv", "1F1B": "1f1b", "dualpipev": "dualpipev",
                                                     "GPipe": "gpipe", "gpipe": "gpipe",
                                                     "interleaved_1f1b": "interleaved"},
     "train_dataset.type": {"MindDataset": "mindrecord"},

@@ -56,7 +56,7 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
     pcfg = "parallel.pipeline_config."
     if ok(pcfg + "pipeline_interleave", pcfg + "pipeline_scheduler"):
         vpp, sched = _get(cfg, pcfg + "pipeline_interleave"), _get(cfg, pcfg + "pipeline_scheduler")
-        need, fits = {"interleaved": ("> 1", vpp > 1), "zbv": ("== 2", vpp == 2)}.get(sched, ("== 1", vpp == 1))
+        need, fits = {"interleaved": ("> 1", vpp > 1), "zbv": ("== 2", vpp == 2), "dualpipev": ("== 2", vpp == 2)}.get(sched, ("== 1", vpp == 1))
         if not fits:
             errors.append(f"parallel.pipeline_config.pipeline_interleave = {vpp}: scheduler {sched!r} needs "
                           f"pipeline_interleave {need} (schedulers: {list(PIPELINE_SCHEDULERS)})")
@@ -154,7 +154,7 @@ def _layer_split(cfg: Dict[str, Any]) -> List[str]:
         return []
     if explicit is not None:
         from ..common.placement import stage_layer_ranges  # the runtime's own splitter, same rules
-        placement = "v" if pipe["pipeline_scheduler"] == "zbv" else "interleaved"
+        placement = "v" if pipe["pipeline_scheduler"] in ("zbv", "dualpipev") else "interleaved"
         try:
             stage_layer_ranges(num_layers, pp, vpp, explicit, placement)
         except (ValueError, TypeError) as exc:
