@@ -211,8 +211,8 @@ class RoutedExperts(nn.Cell):
         return {"num_experts": self.num_experts, "capacity_factor": self.capacity_factor}
 
     def shard(self, config: TransformerConfig):
-        if config.expert_model_parallel_size == 1:
-            return None, None, None
+        if getattr(config, "expert_model_parallel_size", 1) == 1:
+            return None, None, None   # or an ExpertParallel() plan style splits them
         L = config.layout
         return None, None, {n: L("ep", "None", "None") for n in self.sharding_params}
 
