@@ -21,6 +21,19 @@ _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidde
             "rms_norm_eps": "layernorm_epsilon", "rope_theta": "rotary_base",
             "tie_word_embeddings": "tie_word_embeddings", "compute_dtype": "compute_dtype",
             "param_init_dtype": "params_dtype", "offset": "offset", "add_qkv_bias": "add_qkv_bias"}
+# Mixture-of-experts keys (Qwen3-MoE / DeepSeek-V3 names as the trainer's schema holds them; the DeepSeek
+# moe_config block is translated to these in training/dialects.py) -> TransformerConfig field
+MOE_KEYS = {"num_experts": "num_moe_experts", "n_routed_experts": "num_moe_experts",
+            "num_experts_per_tok": "moe_router_topk", "moe_router_topk": "moe_router_topk",
+            "moe_intermediate_size": "moe_ffn_hidden_size", "moe_ffn_hidden_size": "moe_ffn_hidden_size",
+            "moe_shared_expert_intermediate_size": "moe_shared_expert_intermediate_size",
+            "first_k_dense_replace": "moe_first_k_dense_layers", "routed_scaling_factor": "moe_router_topk_scaling_factor",
+            "scoring_func": "moe_router_score_function", "norm_topk_prob": "moe_router_norm_topk_prob",
+            "n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk",
+            "moe_router_enable_expert_bias": "moe_router_enable_expert_bias",
+            "moe_router_bias_update_rate": "moe_router_bias_update_rate", "moe_aux_loss_coeff": "moe_aux_loss_coeff",
+            "moe_router_load_balancing_type": "moe_router_load_balancing_type",
+            "moe_expert_capacity_factor": "moe_expert_capacity_factor", "moe_token_drop_policy": "moe_token_drop_policy"}
 _ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
 _IGNORED = ("type", "max_position_embeddings")   # rotary tables are built for seq_length
 
@@ -51,10 +64,16 @@ class LlamaConfig(TransformerConfig):
                           pipeline_interleave: int = 1) -> "LlamaConfig":
         """From a MindFormers ``model.model_config`` mapping (and ``parallel_config``)."""
         kwargs = {}
+        shared_experts = None
         for key, value in dict(model_config).items():
             if key in _IGNORED:
                 continue
-            if key in _RENAMED:
+            if key in MOE_KEYS:
+                if value is not None:
+                    kwargs[MOE_KEYS[key]] = value
+            elif key == "n_shared_experts":
+                shared_experts = value
+            elif key in _RENAMED:
                 kwargs[_RENAMED[key]] = value
             elif key == "hidden_act":
                 if value not in _ACTIVATIONS:
@@ -73,12 +92,20 @@ class LlamaConfig(TransformerConfig):
                                      "attention kernel here (CPU); set it to False")
             else:
                 raise ValueError(f"LlamaConfig: unknown model_config key {key!r}")
+        if kwargs.get("num_moe_experts") is not None and kwargs["num_moe_experts"] <= 1:
+            kwargs = {k: v for k, v in kwargs.items() if k not in MOE_KEYS.values()}    # one expert: dense
+        if shared_experts and kwargs.get("num_moe_experts") is not None:
+            if kwargs.get("moe_shared_expert_intermediate_size") is None:
+                width = kwargs.get("moe_ffn_hidden_size") or kwargs.get("ffn_hidden_size") or \
+                    llama_ffn_hidden_size(kwargs["hidden_size"])
+                kwargs["moe_shared_expert_intermediate_size"] = int(shared_experts) * int(width)
         pc = dict(parallel_config or {})
         kwargs.update(data_parallel_size=pc.get("data_parallel", 1),
                       tensor_model_parallel_size=pc.get("model_parallel", 1),
                       pipeline_model_parallel_size=pc.get("pipeline_stage", 1),
                       context_parallel_size=pc.get("context_parallel", 1),
                       sequence_parallel=bool(pc.get("use_seq_parallel", False)),
+                      expert_model_parallel_size=pc.get("expert_parallel", 1) or 1,
                       virtual_pipeline_model_parallel_size=pipeline_interleave if pipeline_interleave > 1 else None)
         return cls(**kwargs)
 
