@@ -1,5 +1,5 @@
 """Worker side of the expert-parallel MoE parity test: a 2-layer GPT whose second layer is a
-mixture of experts (4 experts, top-2, shared expert, sequence-level aux loss, dropless), with the
+mixture of experts (4 experts, top-2, shared expert, sequence-level or global aux loss, dropless), with the
 experts split over ``ep`` (optionally with more data parallel or dense tensor parallel), trained 2
 momentum-SGD steps in PyNative and jit; returns losses and this rank's weight shards to merge."""
 import numpy as np
@@ -14,14 +14,15 @@ from tests.bodies.gpt_tp_body import train
 STEPS, SEQ, BATCH, VOCAB = 2, 16, 4, 256
 
 
-def make_config(dp=1, ep=1, tp=1, sp=False, experts=4, group=None):
+def make_config(dp=1, ep=1, tp=1, sp=False, experts=4, group=None, balance="seq_aux_loss"):
     extra = {"moe_router_num_groups": 2, "moe_router_group_topk": 1, "moe_router_score_function": "sigmoid"} \
         if group else {}
     return TransformerConfig(num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
                              num_query_groups=2, vocab_size=VOCAB, seq_length=SEQ, data_parallel_size=dp,
                              tensor_model_parallel_size=tp, sequence_parallel=sp, num_moe_experts=experts,
                              moe_router_topk=2, moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=32,
-                             moe_aux_loss_coeff=0.01, moe_first_k_dense_layers=1, expert_model_parallel_size=ep,
+                             moe_aux_loss_coeff=0.01, moe_router_load_balancing_type=balance,
+                             moe_first_k_dense_layers=1, expert_model_parallel_size=ep,
                              **extra)
 
 
