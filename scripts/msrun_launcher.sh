@@ -6,8 +6,8 @@
 # Multi node:   bash scripts/msrun_launcher.sh "run_mindformer.py --config X.yaml" \
 #                   WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK LOG_DIR JOIN CLUSTER_TIME_OUT
 # Environment (single node): MAX_RESTARTS=N restarts a failed run_mindformer.py job from its latest
-# checkpoint up to N times; HEARTBEAT_TIMEOUT=S (default 600) ends a job whose ranks finish no step
-# for S seconds. The job runs under the supervisor (python -m mindformers_core.training.supervisor):
+# checkpoint up to N times; HEARTBEAT_TIMEOUT=S ends a job whose ranks finish no step for S seconds
+# (unset: the job's runner_config.max_restarts, default 0, and runner_config.heartbeat_timeout, 600). The job runs under the supervisor (python -m mindformers_core.training.supervisor):
 # a dead or stalled rank is named within seconds and the exit code is the job's (130 on Ctrl-C).
 set -euo pipefail
 
@@ -61,16 +61,22 @@ if [ "$WORKER_NUM" = 1 ] && [ "$LOCAL_WORKER" = 1 ] && [ "$MAX_RESTARTS_GIVEN" =
 fi
 command -v msrun >/dev/null || fail "msrun not found: run 'make test' or 'make demo' once to create .venv"
 
-MAX_RESTARTS=${MAX_RESTARTS:-0}
-HEARTBEAT_TIMEOUT=${HEARTBEAT_TIMEOUT:-600}
-is_int "$MAX_RESTARTS" || fail "MAX_RESTARTS='$MAX_RESTARTS' must be a non-negative integer"
-[[ "$HEARTBEAT_TIMEOUT" =~ ^[0-9]+([.][0-9]+)?$ ]] && [ "$HEARTBEAT_TIMEOUT" != 0 ] \
-  || fail "HEARTBEAT_TIMEOUT='$HEARTBEAT_TIMEOUT' must be a number of seconds > 0"
+# unset: the supervisor takes the job's runner_config.max_restarts / heartbeat_timeout
+SUPERVISOR_FLAGS=()
+if [ -n "${MAX_RESTARTS:-}" ]; then
+  is_int "$MAX_RESTARTS" || fail "MAX_RESTARTS='$MAX_RESTARTS' must be a non-negative integer"
+  SUPERVISOR_FLAGS+=(--max_restarts "$MAX_RESTARTS")
+fi
+if [ -n "${HEARTBEAT_TIMEOUT:-}" ]; then
+  [[ "$HEARTBEAT_TIMEOUT" =~ ^[0-9]+([.][0-9]+)?$ ]] && [ "$HEARTBEAT_TIMEOUT" != 0 ] \
+    || fail "HEARTBEAT_TIMEOUT='$HEARTBEAT_TIMEOUT' must be a number of seconds > 0"
+  SUPERVISOR_FLAGS+=(--heartbeat_timeout "$HEARTBEAT_TIMEOUT")
+fi
 
 mkdir -p "$LOG_DIR"
 echo "msrun: $WORKER_NUM worker(s), $LOCAL_WORKER on this node (rank $NODE_RANK), master $MASTER_ADDR:$MASTER_PORT, logs in $LOG_DIR"
 if [ "$LOCAL_WORKER" != "$WORKER_NUM" ]; then   # multi node: msrun itself (no supervisor across nodes)
-  [ "$MAX_RESTARTS" = 0 ] || fail "MAX_RESTARTS=$MAX_RESTARTS: restarts are supervised on one node only"
+  [ "${MAX_RESTARTS:-0}" = 0 ] || fail "MAX_RESTARTS=$MAX_RESTARTS: restarts are supervised on one node only"
   exec msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER" --master_addr="$MASTER_ADDR" \
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join="$JOIN" \
     --cluster_time_out="$CLUSTER_TIME_OUT" "${COMMAND[@]}"
@@ -79,7 +85,7 @@ PYTHON=python
 [ -x "$HERE/.venv/bin/python" ] && PYTHON="$HERE/.venv/bin/python"
 SUPERVISOR=("$PYTHON" -m mindformers_core.training.supervisor --workers "$WORKER_NUM" --master_addr "$MASTER_ADDR"
   --master_port "$MASTER_PORT" --log_dir "$LOG_DIR" --cluster_time_out "$CLUSTER_TIME_OUT"
-  --max_restarts "$MAX_RESTARTS" --heartbeat_timeout "$HEARTBEAT_TIMEOUT" -- "${COMMAND[@]}")
+  "${SUPERVISOR_FLAGS[@]}" -- "${COMMAND[@]}")
 if [ "$JOIN" = "True" ]; then
   exec "${SUPERVISOR[@]}"
 fi

@@ -25,3 +25,20 @@ def no_jit_recompiles_per_call():
     yield
     if _GUARD.seen:
         pytest.fail(_GUARD.report())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Batched msrun jobs run inside one launch per worker count, so pytest's --durations cannot
+    see them: list each job's wall seconds (rank 0) so the slow ones are visible in every run."""
+    from tests.msrun_batch import BATCH
+    if not BATCH.seconds:
+        return
+    by_nproc = {}
+    for name, secs in BATCH.seconds.items():
+        by_nproc.setdefault(BATCH.jobs[name].nproc if name in BATCH.jobs else 0, []).append((secs, name))
+    terminalreporter.section("batched msrun jobs (wall seconds on rank 0)")
+    for nproc in sorted(by_nproc):
+        rows = sorted(by_nproc[nproc], reverse=True)
+        terminalreporter.write_line(f"{nproc} ranks: {sum(s for s, _ in rows):.0f} s in {len(rows)} jobs")
+        for secs, name in rows[:15]:
+            terminalreporter.write_line(f"  {secs:7.1f}s  {name}")

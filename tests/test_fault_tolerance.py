@@ -6,6 +6,7 @@ Runs go through ``run_mindformer.main`` on tests/test_trainer.py's tiny config (
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,8 +181,18 @@ def test_a_corrupt_latest_step_names_the_intact_one(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "rank_0.safetensors" in err and "corrupt" in err
     assert "step_2 in" in err and "is intact: load it with --resume_training step_2" in err
+    assert "resume_fallback_to_intact: True" in err
+    auto = tmp_path / "auto"
+    shutil.copytree(out, auto)
     assert run_mindformer.main(args(tiny, out, *EVERY_STEP, "--resume_training", "step_2")) == 0
     assert [r["step"] for r in strict_records(out)] == [1, 2, 3, 4]
+    # opted in: the same resume loads step_2 by itself, with a warning, and trains the same steps
+    assert run_mindformer.main(args(tiny, auto, *EVERY_STEP, "--resume_training", "True",
+                                    "--resume_fallback_to_intact", "True")) == 0
+    text = capsys.readouterr().out
+    assert "step_3" in text and "fails verification" in text and "loading step_2, the newest intact step" in text
+    assert [(r["step"], r["loss"]) for r in strict_records(auto)] == [(r["step"], r["loss"])
+                                                                      for r in strict_records(out)]
 
 
 def test_leftovers_of_interrupted_saves_are_removed(tiny, tmp_path):
@@ -276,7 +287,8 @@ def test_one_process_restarts_from_its_checkpoint_with_the_uninterrupted_losses(
     assert run_mindformer.main(args(tiny, whole, *EVERY_STEP)) == 0
     env = dict(os.environ, PYTHONPATH=ROOT, MFC_FAULT="exit:0:3", MFC_FAULT_ONCE=str(tmp_path / "fired"))
     res = subprocess.run([sys.executable, "run_mindformer.py", *args(tiny, restarted, *EVERY_STEP),
-                          "--max_restarts", "1", "--heartbeat_timeout", "120"], cwd=ROOT, env=env,
+                          "--runner_config.max_restarts", "1", "--runner_config.heartbeat_timeout", "120"],
+                         cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "supervisor: rank 0 died" in res.stderr or "exited with code 43" in res.stderr

@@ -1,10 +1,12 @@
-"""Faults under msrun, through scripts/msrun_launcher.sh and the supervisor: ranks killed at chosen
-steps are named within seconds and the job restarts from its latest checkpoint with the losses of an
-uninterrupted run (bitwise, PyNative); a SIGSTOPped rank and a rank hanging before a collective end
-the job with a named error within the deadline; a job that fails before training is not restarted.
+"""Faults under msrun, through scripts/msrun_launcher.sh and the supervisor: ranks killed at random
+steps (dp2 with hsdp, and pp2) are named within seconds and the job restarts from its latest
+checkpoint with the losses of an uninterrupted run (bitwise, PyNative); a SIGSTOPped rank and a rank
+hanging before a collective end the job with a named error within the deadline; a job that fails
+before training is not restarted.
 """
 import json
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -18,14 +20,21 @@ from tests.test_trainer import ROOT, args, tiny  # noqa: F401  (tiny: fixture)
 
 LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
 STEPS = 10
-DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2,
-       "--runner_config.max_steps", STEPS, "--lr_schedule.total_steps", STEPS,
-       "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
-                      "keep_checkpoint_max: 3}]"]
+EVERY_STEP = ["--runner_config.max_steps", STEPS, "--lr_schedule.total_steps", STEPS,
+              "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
+                             "keep_checkpoint_max: 3}]"]
+DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2, *EVERY_STEP]
+JOBS = {   # two workers each; restarts from the launcher's MAX_RESTARTS, or from the YAML key
+    "dp2_hsdp_level2": (DP2 + ["--parallel.enable_parallel_optimizer", "True", "--hsdp.threshold", 1,
+                               "--hsdp.optimizer_level", "level2"], {"MAX_RESTARTS": "3"}),
+    "pp2_1f1b": (["--use_parallel", "True", "--parallel_config.pipeline_stage", 2,
+                  "--parallel_config.micro_batch_num", 2, "--runner_config.batch_size", 2, *EVERY_STEP],
+                 {"RESTARTS_FROM_YAML": "3"}),
+}
 
 
-def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True):
-    cmd = shlex.join(["run_mindformer.py", *args(tiny, out, *DP2)])     # the launcher splits it as a shell does
+def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True, job=DP2):
+    cmd = shlex.join(["run_mindformer.py", *args(tiny, out, *job)])     # the launcher splits it as a shell does
     env = child_env(dict(extra_env or {}))
     proc = subprocess.Popen(["bash", LAUNCHER, cmd, "2", str(free_port()), str(logs), "True", "120"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -46,30 +55,53 @@ def losses(out):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny, tmp_path_factory):
-    base = tmp_path_factory.mktemp("ft_uninterrupted")
-    code, text = launch(tiny, base / "out", base / "logs")
-    assert code == 0, text[-3000:]
-    # the console is ours: MindSpore's C++ log lines stay in the per-worker logs
-    from mindformers_core.training.supervisor import _CPP_LOG
-    assert not [line for line in text.splitlines() if _CPP_LOG.match(line)] and "step   10/10" in text
-    assert [line for line in (base / "logs" / "worker_0.log").read_text().splitlines() if _CPP_LOG.match(line)]
-    return base / "out"
+    """Each job's uninterrupted losses, run once per module."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            base = tmp_path_factory.mktemp(f"ft_uninterrupted_{name}")
+            code, text = launch(tiny, base / "out", base / "logs", job=JOBS[name][0])
+            assert code == 0, text[-3000:]
+            # the console is ours: MindSpore's C++ log lines stay in the per-worker logs
+            from mindformers_core.training.supervisor import _CPP_LOG
+            assert not [line for line in text.splitlines() if _CPP_LOG.match(line)] and f"step   {STEPS}/{STEPS}" in text
+            assert [line for line in (base / "logs" / "worker_0.log").read_text().splitlines() if _CPP_LOG.match(line)]
+            done[name] = base / "out"
+        return done[name]
+    return get
+
+
+def random_faults(seed):
+    """2 or 3 kills of a random rank at distinct random steps in 2..STEPS-1 (seed printed on failure)."""
+    rng = random.Random(seed)
+    steps = sorted(rng.sample(range(2, STEPS), rng.choice([2, 3])))
+    return [(rng.randrange(2), step) for step in steps]
 
 
 @pytest.mark.msrun
-def test_killed_ranks_restart_with_the_uninterrupted_losses(tiny, uninterrupted, tmp_path):
-    out = tmp_path / "out"
-    faults = {"MFC_FAULT": "exit:1:3,exit:0:6,exit:1:8", "MFC_FAULT_ONCE": str(tmp_path / "fired"),
-              "MAX_RESTARTS": "3"}
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_killed_ranks_restart_with_the_uninterrupted_losses(tiny, uninterrupted, tmp_path, name):
+    job, restarts = JOBS[name]
+    seed = random.SystemRandom().randrange(1 << 30)
+    faults = random_faults(seed)
+    env = {"MFC_FAULT": ",".join(f"exit:{rank}:{step}" for rank, step in faults),
+           "MFC_FAULT_ONCE": str(tmp_path / "fired")}
+    if "MAX_RESTARTS" in restarts:
+        env["MAX_RESTARTS"] = restarts["MAX_RESTARTS"]
+    else:                                   # the YAML key: the supervisor reads it from the job's config
+        job = job + ["--runner_config.max_restarts", restarts["RESTARTS_FROM_YAML"]]
     t0 = time.monotonic()
-    code, text = launch(tiny, out, tmp_path / "logs", faults)
+    code, text = launch(tiny, tmp_path / "out", tmp_path / "logs", env, job=job)
     took = time.monotonic() - t0
-    assert code == 0, text[-4000:]
-    assert losses(out) == losses(uninterrupted)          # bitwise: PyNative, exact resume
+    why = f"seed {seed}, faults (rank, step) {faults}\n" + text[-4000:]
+    assert code == 0, why
+    assert losses(tmp_path / "out") == losses(uninterrupted(name)), why      # bitwise: PyNative, exact resume
     named = [line for line in text.splitlines() if "supervisor: rank" in line and "ending the job" in line]
-    assert [line.split("supervisor: ")[1].split(" died")[0] for line in named] == ["rank 1", "rank 0", "rank 1"]
-    assert text.count("restart ") == 3 and "--resume_training True" in text
-    print(f"3 faults, 3 restarts, {STEPS} steps: {took:.0f} s\n" + "\n".join(
+    assert [line.split("supervisor: ")[1].split(" died")[0] for line in named] == \
+        [f"rank {rank}" for rank, _ in faults], why
+    assert text.count("restart ") == len(faults) and "--resume_training True" in text, why
+    print(f"{name}: faults {faults}, {len(faults)} restarts, {STEPS} steps: {took:.0f} s\n" + "\n".join(
         line for line in text.splitlines() if line.startswith("supervisor:")))
 
 

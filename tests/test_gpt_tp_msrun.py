@@ -29,9 +29,10 @@ def _merge(results, key):
     return merged
 
 
-def _check(results, ref, names):
+def _check(results, ref, names, modes=None):
+    """``modes``: name -> the modes that name ran in (default both)."""
     for name in names:
-        for mode in ("pynative", "jit"):
+        for mode in (modes or {}).get(name, ("pynative", "jit")):
             key = f"{name}/{mode}"
             want = ref[mode]
             for rank, per_rank in enumerate(results):

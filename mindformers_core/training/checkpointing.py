@@ -19,7 +19,8 @@ import numpy as np
 from mindspore import Tensor
 
 from ..checkpoint import (AsyncSaver, CheckpointError, list_steps, load_checkpoint, load_optimizer_state, load_training_state,
-                          newest_intact_step, remove_leftovers, resolve_step, save_checkpoint, shard_single_file)
+                          newest_intact_step, remove_leftovers, resolve_step, save_checkpoint, shard_single_file,
+                          verify_step)
 from ..checkpoint.format import TRACKER, read_tracker
 from ..sharding.annotations import global_shape_of, layout_of
 from .config import ConfigError
@@ -46,7 +47,8 @@ def _intact_hint(root: str, step, resume: bool) -> str:
     if intact is None:
         return f"\n  no older intact step in {root}"
     flag = f"--resume_training step_{intact}" if resume else f"--load_checkpoint {os.path.join(root, f'step_{intact}')}"
-    return f"\n  step_{intact} in {root} is intact: load it with {flag}"
+    return (f"\n  step_{intact} in {root} is intact: load it with {flag} (or set resume_fallback_to_intact: "
+            "True to load it automatically)")
 
 
 class Checkpointer:
@@ -55,8 +57,9 @@ class Checkpointer:
 
     def __init__(self, directory: str, rank: int, world: int, params: List, dp: int, dp_rank: int,
                  optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
-                 log: Callable[[str], None] = print, async_save: bool = False):
+                 log: Callable[[str], None] = print, async_save: bool = False, fallback: bool = False):
         self.directory, self.rank, self.world = directory, rank, world
+        self.fallback = fallback      # resume_fallback_to_intact
         self.params, self.dp, self.dp_rank = params, dp, dp_rank
         self.optimizer, self.wrapped, self.data, self.keep, self.log = optimizer, wrapped, data, keep, log
         self.saver = None
@@ -132,6 +135,8 @@ class Checkpointer:
             root, step = resolve_checkpoint(directory)
         else:
             root = directory
+        if self.fallback and root != "file":
+            step = self._intact_step(root, step)
         targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in self.params}
         where = f"load_checkpoint = {directory!r}"
         try:
@@ -149,7 +154,8 @@ class Checkpointer:
             if root == "file":
                 raise ConfigError([f"{where}: a single file holds weights only; resume needs a checkpoint directory"])
             state = load_training_state(root, step)
-            opt = load_optimizer_state(root, targets, self.rank, step=step)
+            # strict=False as for the weights: a pipeline stage asks only for its own parameters
+            opt = load_optimizer_state(root, targets, self.rank, step=step, strict=False)
         except CheckpointError as e:
             raise ConfigError([f"{where}: {e}" + _intact_hint(root, step, resume)]) from None
         missing = [p.name for p in self.params if p.name not in opt.get("adam_m", {}) or p.name not in
@@ -169,6 +175,26 @@ class Checkpointer:
         set_parameter(self.optimizer.global_step, np.array(int(saved.get("optimizer_step", trained)), np.int32))
         self._restore_data(state, where)
         return trained
+
+    def _intact_step(self, root: str, step) -> Any:
+        """``resume_fallback_to_intact``: ``step`` when it verifies, else the newest older intact step,
+        with a warning. Every rank verifies every shard of the same files, so all ranks choose the
+        same step without talking to each other."""
+        try:
+            number = resolve_step(root, step)
+        except (CheckpointError, ValueError):
+            return step                                    # reported by the load itself
+        problems = verify_step(root, number)
+        if not problems:
+            return number
+        intact = newest_intact_step(root, below=number)
+        if intact is None:
+            return number                                  # the load names the problem: nothing to fall back to
+        if self.rank == 0:
+            self.log(f"WARNING: step_{number} in {root} fails verification ({problems[0]}"
+                     f"{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}); "
+                     f"resume_fallback_to_intact: loading step_{intact}, the newest intact step")
+        return intact
 
     def _restore_data(self, state, where: str) -> None:
         """This rank's data position from the saved ones: the state of a rank with the same data-parallel

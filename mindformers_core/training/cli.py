@@ -95,10 +95,12 @@ def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[Tuple[str, str]
                     help="overrides merged into the config, as MindFormers' --options a.b=v c.d=w")
     ap.add_argument("--predict_data", default=None, nargs="+", help="prompt(s) for run_mode=predict")
     ap.add_argument("--max_new_tokens", default=32, type=int, help="tokens generated in run_mode=predict")
-    ap.add_argument("--max_restarts", default=0, type=_non_negative,
-                    help="run under a supervisor that restarts a failed job from its latest checkpoint up to N times")
-    ap.add_argument("--heartbeat_timeout", default=600.0, type=float,
-                    help="with --max_restarts: seconds without a finished step before the job counts as stalled")
+    ap.add_argument("--max_restarts", default=None, type=_non_negative,
+                    help="run under a supervisor that restarts a failed job from its latest checkpoint up to N times "
+                         "(default: runner_config.max_restarts)")
+    ap.add_argument("--heartbeat_timeout", default=None, type=float,
+                    help="with --max_restarts: seconds without a finished step before the job counts as stalled "
+                         "(default: runner_config.heartbeat_timeout)")
     ap.add_argument("--check_config", action="store_true",
                     help="print the resolved config and the parallel plan, then exit 0 (valid) or 2")
     ap.add_argument("--worker_num", default=None, type=int,
@@ -230,6 +232,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config.report.not_applied += _flags_not_applied(args)
         if args.check_config:
             return check(config, path, worker_num)
+        runner = config.get("runner_config") or {}
+        if args.max_restarts is None:
+            args.max_restarts = int(runner.get("max_restarts", 0) or 0)
+        if args.heartbeat_timeout is None:
+            args.heartbeat_timeout = float(runner.get("heartbeat_timeout", 600.0))
         if args.max_restarts and not os.environ.get("MFC_SUPERVISED"):
             return _supervised(argv, args, config, worker_num)
         if rank0:
@@ -292,9 +299,10 @@ def _supervised(argv: List[str], args, config, worker_num: int) -> int:
     from .config import ConfigError
     from .supervisor import supervise
     if worker_num > 1:
-        raise ConfigError([f"--max_restarts {args.max_restarts} on {worker_num} msrun workers: give "
-                           f"MAX_RESTARTS={args.max_restarts} to scripts/msrun_launcher.sh instead (the supervisor "
-                           "must stand outside msrun)"], "command line")
+        raise ConfigError([f"--max_restarts / runner_config.max_restarts = {args.max_restarts} on {worker_num} "
+                           "msrun workers started without the supervisor: run the job with scripts/msrun_launcher.sh "
+                           "(it supervises msrun and reads runner_config.max_restarts, or MAX_RESTARTS=N) — the "
+                           "supervisor must stand outside msrun"], "command line")
     if args.heartbeat_timeout <= 0:
         raise ConfigError([f"--heartbeat_timeout {args.heartbeat_timeout}: must be > 0 seconds"], "command line")
     child = [sys.executable, "-m", "mindformers_core.run", *_without(argv, ("--max_restarts", "--heartbeat_timeout"))]

@@ -77,6 +77,9 @@ SCHEMA = Section({
     "load_checkpoint": F("str|null", None, "Checkpoint directory or file to load; empty/null = none."),
     "resume_training": F("bool|str", False, "Resume optimizer, step and data state; a string names the "
                                              "checkpoint to resume from."),
+    "resume_fallback_to_intact": F("bool", False, "When the checkpoint to load fails verification (checksum, "
+                                                  "missing file), load the newest older intact step of the same "
+                                                  "directory with a warning instead of stopping."),
     "auto_trans_ckpt": F("bool", False, "Reshard a checkpoint saved with another parallel layout on load."),
     "context": Section({
         "mode": F("int", 1, "0 = GRAPH_MODE (ms.jit), 1 = PYNATIVE_MODE.", choices=(0, 1)),
@@ -212,6 +215,12 @@ SCHEMA = Section({
         "max_consecutive_skipped_steps": F("int", 5, "Stop the run after this many skipped steps in a row "
                                                      "(MindFormers' training.max_consecutive_skipped_steps).",
                                            min=1),
+        "max_restarts": F("int", 0, "Restart a failed or stalled job from its latest checkpoint up to this many "
+                                    "times (the supervisor; run_mindformer.py --max_restarts and the launcher's "
+                                    "MAX_RESTARTS override it).", min=0),
+        "heartbeat_timeout": F("float", 600.0, "With restarts: seconds without a finished step before the job "
+                                               "counts as stalled (--heartbeat_timeout, HEARTBEAT_TIMEOUT override "
+                                               "it).", min=0.001),
     }, "Training loop."),
     "callbacks": Section({
         "type": F("str", doc="Callback class.", choices=("MFLossMonitor", "CheckpointMonitor", "EvalCallBack")),

@@ -239,14 +239,19 @@ def supervise(command: Sequence[str], output_dir: Optional[str], workers: int = 
 
 
 # ---- msrun jobs (scripts/msrun_launcher.sh with MAX_RESTARTS) -------------------------------------------
-def output_dir_of(script_args: Sequence[str]) -> Optional[str]:
-    """The output_dir of a run_mindformer.py command line (validated config), else None."""
+def job_settings(script_args: Sequence[str]) -> Tuple[str, int, float]:
+    """A run_mindformer.py command line's (output_dir, restarts, heartbeat timeout): its validated
+    config's ``runner_config.max_restarts`` / ``heartbeat_timeout``, or its flags when given."""
     from .cli import parse
     from .config import load_config
     args, overrides = parse(script_args)
     cfg = load_config(args.config, [f"{k}={v}" for k, v in overrides], worker_num=int(os.environ.get(
         "MS_WORKER_NUM", "1")))
-    return os.path.abspath(cfg.output_dir)
+    runner = cfg.get("runner_config") or {}
+    restarts = args.max_restarts if args.max_restarts is not None else int(runner.get("max_restarts", 0) or 0)
+    timeout = (args.heartbeat_timeout if args.heartbeat_timeout is not None
+               else float(runner.get("heartbeat_timeout", 600.0)))
+    return os.path.abspath(cfg.output_dir), restarts, timeout
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -257,26 +262,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--master_port", type=int, default=8118)
     ap.add_argument("--log_dir", default="output/msrun_log")
     ap.add_argument("--cluster_time_out", type=int, default=7200)
-    ap.add_argument("--max_restarts", type=int, default=0)
-    ap.add_argument("--heartbeat_timeout", type=float, default=600.0)
+    ap.add_argument("--max_restarts", type=int, default=None,
+                    help="default: the job's runner_config.max_restarts (0 for other scripts)")
+    ap.add_argument("--heartbeat_timeout", type=float, default=None,
+                    help="default: the job's runner_config.heartbeat_timeout (600 s for other scripts)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
     a = ap.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         ap.error("give the script and its arguments after --")
-    if a.workers < 1 or a.max_restarts < 0 or a.heartbeat_timeout <= 0:
-        ap.error(f"--workers={a.workers} must be >= 1, --max_restarts={a.max_restarts} >= 0, "
-                 f"--heartbeat_timeout={a.heartbeat_timeout} > 0")
     output_dir = None
     if os.path.basename(command[0]) == "run_mindformer.py":
         from .config import ConfigError
         try:
             os.environ.setdefault("MS_WORKER_NUM", str(a.workers))
-            output_dir = output_dir_of(command[1:])
+            output_dir, restarts, timeout = job_settings(command[1:])
         except ConfigError as e:
             print(f"run_mindformer.py: invalid configuration:\n{e}", file=sys.stderr, flush=True)
             return 2
-    elif a.max_restarts:
+        a.max_restarts = restarts if a.max_restarts is None else a.max_restarts
+        a.heartbeat_timeout = timeout if a.heartbeat_timeout is None else a.heartbeat_timeout
+    a.max_restarts = 0 if a.max_restarts is None else a.max_restarts
+    a.heartbeat_timeout = 600.0 if a.heartbeat_timeout is None else a.heartbeat_timeout
+    if a.workers < 1 or a.max_restarts < 0 or a.heartbeat_timeout <= 0:
+        ap.error(f"--workers={a.workers} must be >= 1, --max_restarts={a.max_restarts} >= 0, "
+                 f"--heartbeat_timeout={a.heartbeat_timeout} > 0")
+    if output_dir is None and a.max_restarts:
         ap.error(f"--max_restarts needs a run_mindformer.py job (its checkpoints are what it resumes from); "
                  f"got {command[0]!r}")
     msrun = os.path.join(os.path.dirname(sys.executable), "msrun")

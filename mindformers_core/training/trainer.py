@@ -92,7 +92,8 @@ class Trainer:
         keep = int(ckpt.get("keep_checkpoint_max", 5) or 5) if ckpt is not None else None
         common = dict(directory=self.checkpoint_dir, rank=self.rank, world=self.world, dp=shape.dp,
                       dp_rank=self.topology.dp_rank, keep=keep, log=self.log,
-                      async_save=bool(ckpt is not None and ckpt.get("async_save")))
+                      async_save=bool(ckpt is not None and ckpt.get("async_save")),
+                      fallback=bool(cfg.get("resume_fallback_to_intact", False)))
         if shape.predicting:
             from ..data.tokenizer import LlamaTokenizer
             self.tokenizer = LlamaTokenizer(self.tokenizer_file)
