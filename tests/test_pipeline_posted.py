@@ -224,3 +224,45 @@ def test_costs_check_overlap():
         StepCosts(overlap=1.5)
     with pytest.raises(ValueError, match=r"overlap=-0.1 must be a finite number >= 0"):
         StepCosts(overlap=-0.1)
+
+
+def test_random_compute_orders_posted_reach_the_ideal_and_lower_to_blocking():
+    """Random feasible compute orders (some with overlapped units), any placement: the posted
+    order validates, finishes at the ideal makespan, its blocking lowering validates; the blocking
+    order validates posted too (blocking-valid implies posted-valid)."""
+    import random
+    from mindformers_core.pipeline.meta_step import consumes
+    rng = random.Random(1)
+    for _ in range(40):
+        p, v, m = rng.choice([2, 3, 4]), rng.choice([1, 2]), rng.randint(1, 5)
+        placement = stage_placement(rng.choice(["interleaved", "v"]), p, v)
+        n = p * v
+        kinds = (T.FWD, T.BWD_INPUT, T.BWD_WEIGHT) if rng.random() < 0.5 else (T.FWD, T.BWD)
+        todo = {MetaStep(i, t, s) for i in range(m) for s in range(n) for t in kinds}
+        done, order = set(), {r: [] for r in range(p)}
+        while todo:                                  # random topological order
+            ready = sorted((s for s in todo if all(d in done for d in consumes(s, n))), key=repr)
+            step = rng.choice(ready)
+            todo.remove(step)
+            # sometimes overlap a ready forward with a ready backward of the same rank
+            rank = placement[step.stage_index]
+            mates = [b for b in ready if b is not step and b.type in (T.BWD, T.BWD_INPUT)
+                     and placement[b.stage_index] == rank and step.type is T.FWD
+                     and (b.micro_index, b.stage_index) != (step.micro_index, step.stage_index)]
+            if mates and rng.random() < 0.5:
+                mate = rng.choice(mates)
+                todo.remove(mate)
+                order[rank].append(MetaStep.overlapped(step, mate))
+                done.update(produces_all(mate))
+            else:
+                order[rank].append(step)
+            done.update(produces_all(step) or [("w", step)])
+        costs = StepCosts(rng.choice([1.0, 1.5]), rng.choice([2.0, 3.0]), overlap=rng.choice([0.0, 1.0]))
+        posted = add_communication(order, placement, n, costs, blocking_send=False)
+        validate_schedule(posted, n, m, placement, blocking_send=False)
+        tl = simulate(posted, costs.fwd_time, costs.bwd_time, blocking_send=False, overlap=costs.overlap)
+        assert tl.makespan == pytest.approx(ideal_makespan(order, n, costs))
+        validate_schedule(lower_for_runtime(posted, n, m, placement), n, m, placement)
+        blocking = add_communication(order, placement, n, costs)
+        validate_schedule(blocking, n, m, placement)
+        validate_schedule(blocking, n, m, placement, blocking_send=False)
