@@ -186,3 +186,13 @@ def test_cli_draws_dualpipev_and_reads_its_order_back(tmp_path, capsys):
     posted = order_to_json(lower_for_runtime(sched), 4, 4, sched.placement)
     (tmp_path / "low.json").write_text(json.dumps(posted))
     assert run(["--order", str(tmp_path / "low.json"), "--async-send"]) == 0
+
+
+def test_trace_files_keep_units(tmp_path):
+    from mindformers_core.pipeline import load_trace, save_trace
+    tl = simulate(dualpipev(2, 4))
+    files = [save_trace(str(tmp_path / f"r{r}.json"), [(t.step, t.start, t.end) for t in ts], rank=r)
+             for r, ts in tl.steps.items()]
+    back = load_trace(*files, scale=1.0)
+    assert {r: [t.step for t in ts] for r, ts in back.steps.items()} == {r: [t.step for t in ts] for r, ts in tl.steps.items()}
+    assert back.makespan == tl.makespan and back.peak_in_flight == tl.peak_in_flight

@@ -12,6 +12,8 @@ drawing function accepts. Trace file format (version 1)::
      "schedule": {"name": "Schedule1F1B", "stage_num": 4, "micro_batch_num": 8,
                   "placement": [0, 1, 2, 3]},                        # optional
      "ranks": {"0": [["FWD", 0, 0, 12.5031, 12.5102], ...]}}        # type name, micro, stage, start, end
+
+A ``FWD_BWD`` unit's row has a sixth entry, its backward half: ``["FWD_BWD", 3, 0, t0, t1, ["BWD", 1, 3]]``.
 """
 from __future__ import annotations
 
@@ -100,7 +102,10 @@ def _trace_rows(trace: RawTrace, where: str) -> List[list]:
             raise TypeError(f"{where}: entry {i} is {item!r}; expected (MetaStep, start, end)") from None
         if not isinstance(step, MetaStep):
             raise TypeError(f"{where}: entry {i} starts with {step!r}, not a MetaStep")
-        rows.append([step.type.name, step.micro_index, step.stage_index, float(start), float(end)])
+        row = [step.type.name, step.micro_index, step.stage_index, float(start), float(end)]
+        if step.backward is not None:                     # a FWD_BWD unit: its backward half too
+            row.append([step.backward.type.name, step.backward.micro_index, step.backward.stage_index])
+        rows.append(row)
     return rows
 
 
@@ -158,9 +163,10 @@ def parse_trace_rows(rows, where: str) -> List[Tuple[MetaStep, float, float]]:
     out = []
     for i, row in enumerate(rows):
         try:
-            name, micro, stage, start, end = row
-            step = MetaStep(int(micro), MetaStepType[name], int(stage))
-        except (KeyError, TypeError, ValueError):
+            name, micro, stage, start, end, *back = row
+            backward = MetaStep(int(back[0][1]), MetaStepType[back[0][0]], int(back[0][2])) if back else None
+            step = MetaStep(int(micro), MetaStepType[name], int(stage), backward)
+        except (KeyError, TypeError, ValueError, IndexError):
             raise ValueError(f"load_trace: {where} entry {i} = {row!r}; expected [type name "
                              f"({', '.join(t.name for t in MetaStepType)}), micro, stage, start, end]") from None
         if not end >= start:

@@ -5,6 +5,7 @@
         --virtual 2 --svg interleaved.svg
     python -m mindformers_core.pipeline.visualize --schedule zb_h1 --stages 4 --microbatches 8 \\
         --fwd 1 --bwd-input 1 --bwd-weight 1
+    python -m mindformers_core.pipeline.visualize --schedule dualpipev --stages 4 --microbatches 16 --overlap 1
     python -m mindformers_core.pipeline.visualize --schedule my_pkg.sched:MyGPipe --stages 4 --microbatches 8
     python -m mindformers_core.pipeline.visualize --order order.json          # a raw exec order
     python -m mindformers_core.pipeline.visualize --trace trace_rank0.json trace_rank1.json \\
@@ -12,7 +13,9 @@
 
 ``--schedule`` is a built-in name (``pipeline.BUILTIN_SCHEDULES``) or ``module:Class`` for your own
 schedule class. ``--stages`` is the number of pipeline ranks; ``--virtual`` the stages per rank
-(the built-in's default: 2 for interleaved and zbv, else 1). Costs are per step of one stage.
+(the built-in's default: 2 for interleaved, zbv and dualpipev, else 1). Costs are per step of one
+stage; ``--overlap`` credits FWD_BWD units, ``--async-send`` validates and simulates posted
+point-to-point (wait steps, see ``meta_step``).
 ``--order FILE`` reads ``{"exec_order": {"0": ["F0@s0", "SEND_F0@s0", ...], ...}}`` (optional keys
 ``stage_num``, ``micro_batch_num``, ``placement``); ``--dump-order FILE`` writes that form.
 ``--trace`` draws a timeline measured by ``PipelineRuntime`` (``record = True``, saved with
