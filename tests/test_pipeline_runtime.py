@@ -1,6 +1,8 @@
 """Pipeline runtime in one process (one stage holding the whole model, or two stages on one rank):
-every schedule kind gives the whole-batch gradients in PyNative and jit, also with dropout (the
-backward replays the forward's random state); bad input is rejected with clear errors."""
+every schedule kind gives the whole-batch gradients in PyNative and jit, also with dropout (without
+recompute the backward uses its forward's record; with recompute it replays the forward's random
+state); a stage forward runs once per microbatch without recompute and again in each backward
+pass with it; bad input is rejected with clear errors."""
 import warnings
 
 import numpy as np
@@ -138,10 +140,11 @@ def _dropout_reference(steps, m, mode):
     return losses, grads
 
 
-def _dropout_pipeline(build, steps, m, mode):
-    """``build(stage_cells, m) -> (schedule, stages)`` on this one process; losses and summed grads."""
+def _dropout_pipeline(build, steps, m, mode, recompute=True):
+    """``build(stage_cells, m, recompute) -> (schedule, stages)`` on this one process; losses and
+    summed grads."""
     ms.set_seed(SEED)
-    sched, stages = build(_dropout_cells(), m)
+    sched, stages = build(_dropout_cells(), m, recompute)
     losses, grads = [], []
     for step in range(steps):
         losses.append(float(sched.run(*_data(step), mode=mode).asnumpy()))
@@ -152,18 +155,18 @@ def _dropout_pipeline(build, steps, m, mode):
 
 
 def _one_stage(cls):
-    def build(cells, m):
-        stage = PipelineStage(nn.SequentialCell(cells), 0, 1, loss_fn=loss_fn)
+    def build(cells, m, recompute=False):
+        stage = PipelineStage(nn.SequentialCell(cells), 0, 1, loss_fn=loss_fn, recompute=recompute)
         return cls(stage, m), [stage]
     return build
 
 
 def _two_stages(cls):
     """Both stages on this one process (pp_size 1, two virtual stages): handoffs, no transfers."""
-    def build(cells, m):
+    def build(cells, m, recompute=False):
         half = len(cells) // 2
-        stages = [PipelineStage(nn.SequentialCell(cells[:half]), 0, 2, loss_fn=loss_fn),
-                  PipelineStage(nn.SequentialCell(cells[half:]), 1, 2, loss_fn=loss_fn)]
+        stages = [PipelineStage(nn.SequentialCell(cells[:half]), 0, 2, loss_fn=loss_fn, recompute=recompute),
+                  PipelineStage(nn.SequentialCell(cells[half:]), 1, 2, loss_fn=loss_fn, recompute=recompute)]
         return cls(stages, m), stages
     return build
 
@@ -196,15 +199,18 @@ def _assert_dropout_parity(got, ref, what):
 DROPOUT_MICROBATCHES = {"pynative": 4, "jit": 2}
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("mode", ["pynative", "jit"])
 @pytest.mark.parametrize("name", list(DROPOUT_RUNS))
-def test_dropout_masks_replayed_in_backward(name, mode):
+def test_dropout_masks_replayed_in_backward(name, mode, recompute):
     """Dropout 0.3 after every second layer, two SGD steps: loss and every gradient equal those of
     per-microbatch value_and_grad in one process (whose backward uses its forward's masks). Without
-    the replay the backward's recomputed forward draws new masks (gradients off by O(1))."""
+    recompute the backward uses its forward's record; with recompute, without the replay the
+    backward's recomputed forward would draw new masks (gradients off by O(1))."""
     m = DROPOUT_MICROBATCHES[mode]
     ref = _dropout_reference(2, m, mode)
-    _assert_dropout_parity(_dropout_pipeline(DROPOUT_RUNS[name], 2, m, mode), ref, f"{name} {mode}")
+    _assert_dropout_parity(_dropout_pipeline(DROPOUT_RUNS[name], 2, m, mode, recompute), ref,
+                           f"{name} {mode} recompute={recompute}")
 
 
 def test_dropout_is_live_in_the_reference():
@@ -214,12 +220,26 @@ def test_dropout_is_live_in_the_reference():
     assert abs(with_dropout - plain) > 1e-2 * abs(plain), (with_dropout, plain)
 
 
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_dropout_in_any_backward_order_without_recompute(mode):
+    """The backward consumes the forward's record of its microbatch: backwards in reverse order
+    match, in both modes, and no order is warned about."""
+    m = DROPOUT_MICROBATCHES[mode]
+    ref = _dropout_reference(2, m, mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = _dropout_pipeline(_one_stage(_BackwardsReversed), 2, m, mode, recompute=False)
+    _assert_dropout_parity(got, ref, f"reversed {mode}")
+
+
 def test_dropout_replayed_in_any_backward_order_pynative_and_jit_warns():
-    """PyNative replays each microbatch's own random state, so backwards in reverse order still match;
-    under jit masks follow the compiled kernel's launch count, so such an order is warned about."""
+    """Recompute: PyNative replays each microbatch's own random state, so backwards in reverse order
+    still match; under jit masks follow the compiled kernel's launch count, so such an order is
+    warned about."""
     ref = _dropout_reference(2, 4, "pynative")
-    _assert_dropout_parity(_dropout_pipeline(_one_stage(_BackwardsReversed), 2, 4, "pynative"), ref, "reversed")
-    stage = PipelineStage(nn.SequentialCell(_dropout_cells()), 0, 1, loss_fn=loss_fn)
+    _assert_dropout_parity(_dropout_pipeline(_one_stage(_BackwardsReversed), 2, 4, "pynative", True), ref,
+                           "reversed")
+    stage = PipelineStage(nn.SequentialCell(_dropout_cells()), 0, 1, loss_fn=loss_fn, recompute=True)
     with pytest.warns(RuntimeWarning, match=r"stage 0: BWD microbatches \[3, 2, 1, 0\] vs FWD \[0, 1, 2, 3\]"):
         _BackwardsReversed(stage, 4).runtime("jit")
     with warnings.catch_warnings():
@@ -228,23 +248,28 @@ def test_dropout_replayed_in_any_backward_order_pynative_and_jit_warns():
 
 
 # ---- what the runtime holds between forward and backward -------------------------------------------------
-def _plain(build, m):
-    sched, stages = build([layer for layer in _layers()], m)
+def _plain(build, m, recompute=False):
+    sched, stages = build([layer for layer in _layers()], m, recompute)
     return sched, stages
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("name", list(DROPOUT_RUNS))
-def test_memory_held_matches_the_schedule(name):
-    """``runtime.memory`` counts the stage inputs held for the backward: per rank it equals the
-    simulator's peak until the weight gradient, per stage (unsplit backward) its peak in flight,
-    and the bytes are that count times one microbatch's stage input; GPipe holds all m."""
+def test_memory_held_matches_the_schedule(name, recompute):
+    """``runtime.memory`` counts the microbatches held for the backward. Without recompute (the
+    forward's record, freed by BWD or by BWD_INPUT, which computes both halves): per rank and per
+    stage the simulator's peak in flight. With recompute (the stage input, until BWD or
+    BWD_WEIGHT): per rank the simulator's peak until the weight gradient, per stage (unsplit
+    backward) its peak in flight. The bytes are that count times one microbatch's stage input;
+    GPipe holds all m."""
     m = 4
-    sched, stages = _plain(DROPOUT_RUNS[name], m)
+    sched, stages = _plain(DROPOUT_RUNS[name], m, recompute)
     sched.run(*_data(0))
     mem = sched.runtime("pynative").memory
     sim = pp.simulate(sched)
-    assert mem.peak_rank_microbatches == sim.peak_until_weight_grad[0], (name, mem.as_dict())
-    split = name in ("zb_h1", "zbv")
+    want = sim.peak_until_weight_grad[0] if recompute else sim.peak_in_flight[0]
+    assert mem.peak_rank_microbatches == want, (name, mem.as_dict())
+    split = recompute and name in ("zb_h1", "zbv")
     for s, count in mem.peak_microbatches.items():
         if not split:
             assert count == sim.peak_in_flight_per_stage[s], (name, s, mem.as_dict())
@@ -265,3 +290,45 @@ def test_tables_drop_what_no_later_step_needs():
     sched, _ = _plain(_one_stage(pp.ScheduleGPipe), 4)
     sched.run(*_data(0))
     assert sched.runtime("pynative").memory.peak_table_bytes == 4 * (2 * one + 4)
+
+
+# ---- how often a stage forward runs ------------------------------------------------------------------------
+class _Counted(nn.Cell):
+    """The 8 tanh layers behind a counter that the graph itself increments (a side effect inside
+    the compiled graph under jit), once per execution of this forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.SequentialCell(_layers())
+        self.count = ms.Parameter(ms.Tensor(np.zeros((1,), np.float32)), name="forward_count", requires_grad=False)
+
+    def construct(self, x):
+        x = ops.depend(x, ops.assign_add(self.count, ops.ones((1,), ms.float32)))
+        return self.body(x)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+@pytest.mark.parametrize("schedule, split", [(pp.Schedule1F1B, False), (pp.ScheduleZeroBubbleH1, True)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_forward_runs_once_per_microbatch_without_recompute(recompute, schedule, split, mode):
+    """Without recompute a stage forward runs once per microbatch (the backward uses its record);
+    with recompute once more per backward pass: BWD once, BWD_INPUT and BWD_WEIGHT once each."""
+    cell = _Counted()
+    stage = PipelineStage(cell, 0, 1, loss_fn=loss_fn, recompute=recompute)
+    m, steps = 4, 2
+    sched = schedule(stage, m)
+    for step in range(steps):
+        sched.run(*_data(step), mode=mode)
+    per_microbatch = 1 + (0 if not recompute else 2 if split else 1)
+    assert int(cell.count.asnumpy()[0]) == per_microbatch * m * steps
+
+
+def test_recompute_config_cells_are_the_only_second_forward():
+    """A Cell marked for recompute (what recompute_config does) runs again in the backward, and
+    only it: the stage forward around it still runs once per microbatch (PyNative)."""
+    inner, outer = _Counted(), _Counted()
+    inner.recompute()
+    outer.body = nn.SequentialCell([inner])
+    stage = PipelineStage(outer, 0, 1, loss_fn=loss_fn)
+    pp.Schedule1F1B(stage, 4).run(*_data(0))
+    assert (int(outer.count.asnumpy()[0]), int(inner.count.asnumpy()[0])) == (4, 8)

@@ -3,28 +3,41 @@
 One loop runs ``schedule.local_order``. Data between steps lives in two tables keyed like the
 validator's data model: ``acts[(m, s)]`` is stage ``s``'s output for microbatch ``m`` and
 ``grads[(m, s)]`` the gradient w.r.t. stage ``s``'s input. Sends and receives move entries of those
-tables between ranks (``distributed.comm.send/recv``, synchronised: the validator assumes blocking
-point-to-point); handoffs between stages on one rank need no transfer.
+tables between ranks (``distributed.comm.send/recv``, blocking rendezvous as the validator
+assumes; the received tensor is not copied to the host: the step that uses it waits for it);
+handoffs between stages on one rank need no transfer.
 
 The last stage's loss is divided by ``micro_batch_num`` and weight gradients are summed over
-microbatches, so the result equals one step on the whole batch. The backward of a microbatch is a
-gradient function with the received gradient as sensitivity, which recomputes the stage forward
-from the saved stage input: the same code in PyNative and under ``mode="jit"`` (compiled), and
-only stage inputs are held between forward and backward (table entries are dropped as soon as
-no later step needs them; ``runtime.memory`` reports what a run held, see ``MemoryStats``).
-(``ms.vjp`` closures would avoid the recompute in PyNative, but MindSpore 2.10 rejects several
-outstanding ones: "Can not find top cell for backward".) Split backward (BWD_INPUT / BWD_WEIGHT) uses separate input- and
-weight-gradient functions.
+microbatches, so the result equals one step on the whole batch.
 
-Random operators (dropout): a forward step snapshots the random state (MindSpore's per-kernel seed
-table and default generator, ``common.rng.rng_snapshot``) with the stage input; the backward step
-restores it for its recomputed forward, then restores the state the run had reached, so the
-gradients are those of the masks that produced the loss and the random stream goes on as if the
-backward drew nothing. In PyNative that replays every microbatch's masks, in any order. Under
+Backward without recompute (the default): a forward step runs the stage function once under
+MindSpore's PyNative autograd recorder (one record per microbatch, keyed by the stage function and
+that microbatch's input tensors, see :class:`_Tape`), and the backward step runs that record's
+backward with the received gradient as sensitivity -- the forward is not run again, in PyNative
+and under ``mode="jit"`` (there the stage function is a compiled graph: called under the recorder,
+MindSpore compiles its forward so that it also returns what its backward graph needs, and the
+backward graph takes those). Several records are outstanding at once (every schedule keeps
+microbatches in flight) and are consumed in any order. The activations of a microbatch live from
+its FWD to its BWD (or BWD_INPUT: a split backward computes input and weight gradients in one pass
+at BWD_INPUT and BWD_WEIGHT then has nothing left to compute). MindSpore 2.10's ``ms.vjp`` cannot
+do this: it records with a nesting order that only finds the latest outstanding record ("Can not
+find top cell for backward" for any other).
+
+Recompute (``PipelineStage(..., recompute=True)``): only the stage input is kept, and the backward
+is a gradient function that runs the stage forward again from it (split backward: separate
+input- and weight-gradient functions, so twice). Layers marked by ``recompute_config``
+(``Cell.recompute()``) are recomputed by MindSpore itself inside either path.
+
+Random operators (dropout), recompute only: a forward step snapshots the random state (MindSpore's
+per-kernel seed table and default generator, ``common.rng.rng_snapshot``) with the stage input; the
+backward step restores it for its recomputed forward, then restores the state the run had reached,
+so the gradients are those of the masks that produced the loss and the random stream goes on as if
+the backward drew nothing. In PyNative that replays every microbatch's masks, in any order. Under
 ``mode="jit"`` an ``ops.dropout``'s seeds are compile-time constants and its mask follows its
 compiled kernel's launch count: the restored table makes the backward graph compile with the
 forward graph's seeds, and a stage whose backwards run the microbatches in forward order (every
 built-in schedule) then draws the same masks; the runtime warns about an order that does not.
+Without recompute the backward uses the masks its forward drew (they are in the record).
 """
 from __future__ import annotations
 
@@ -38,6 +51,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
+from mindspore.common.api import _pynative_executor
+from mindspore.ops.composite.base import _Grad
 
 from ..distributed import comm
 from ..distributed.env import get_env
@@ -83,6 +98,56 @@ class Watchdog:
         return False
 
 
+class _Tape:
+    """Forward records of one stage function, one per microbatch, each consumed by its backward.
+
+    MindSpore's PyNative autograd keeps a forward record ("top cell") under a key made of the
+    recorded function, the ids of its input tensors and the grad order. ``ms.vjp`` / ``GradOperation``
+    raise the grad order for each further outstanding record of the same function, so only the
+    latest one is found again (a stack). Recording with ``create_graph=False`` keeps the grad order
+    at 1: every microbatch's record has its own key (its inputs are distinct tensors) and any of them
+    can be consumed, in any order, by ``backward`` (which also frees it)."""
+
+    def __init__(self, fn: Callable, params: ParameterTuple) -> None:
+        # a function object of our own: its id is part of the key (a Cell's id would collide with
+        # other users recording the same Cell)
+        def recorded(*args):
+            return fn(*args)
+        self.fn, self.params = recorded, params
+        self.grad_op = _Grad(get_all=True, get_by_list=True, sens_param=True, merge_forward=True)
+        self.open: Dict[Tuple[int, ...], int] = {}   # ids of the input tensors of outstanding records
+
+    def forward(self, args: Tuple) -> Tuple[Any, Tuple]:
+        """Run and record; returns the output and the arguments to pass to ``backward``."""
+        key = tuple(id(a) for a in args if isinstance(a, Tensor))
+        if key in self.open:   # the same input tensors twice in flight: give this record its own
+            args = tuple(ops.identity(a) if isinstance(a, Tensor) else a for a in args)
+            key = tuple(id(a) for a in args if isinstance(a, Tensor))
+        self.open[key] = 1
+        ex = _pynative_executor
+        ex.check_run(self.fn, *args, create_graph=False)
+        ex.set_grad_flag(True)
+        ex.new_graph(self.fn, *args)
+        try:
+            out = self.fn(*args)
+        except BaseException:
+            self.discard()
+            raise
+        ex.end_graph(self.fn, out, *args)
+        return out, args
+
+    def backward(self, args: Tuple, sens) -> Tuple[Tuple, Tuple]:
+        """(input gradients, weight gradients) of the record made for ``args``."""
+        self.open.pop(tuple(id(a) for a in args if isinstance(a, Tensor)), None)
+        return _pynative_executor.grad(self.fn, self.grad_op, self.params, None, False, *args, sens)
+
+    def discard(self) -> None:
+        """Forget records left by a failed run (a later record could never be consumed otherwise)."""
+        if self.open:
+            self.open.clear()
+            _pynative_executor.clear_res()
+
+
 class PipelineStage:
     """A stage's Cell, its index, the stage count and the global rank of every pipeline rank.
 
@@ -98,11 +163,16 @@ class PipelineStage:
     ``owner``), ``weight_shapes`` (the full shapes the weight gradients are sized by, when the
     parameters are shards outside the Cells that use them) and ``compiled_inside`` (under jit those
     Cells are compiled apart and the stage function runs eagerly around them).
+
+    ``recompute=False`` (default): the backward uses the forward's autograd record (the forward
+    runs once per microbatch); ``recompute=True``: only the stage input is kept and the backward
+    runs the forward again (less memory, one more forward per microbatch, two with a split
+    backward).
     """
 
     def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
                  pp_ranks: Optional[Sequence[int]] = None, loss_fn: Optional[Callable] = None,
-                 dp_group=None, loss_in_cell: bool = False) -> None:
+                 dp_group=None, loss_in_cell: bool = False, recompute: bool = False) -> None:
         if not isinstance(cell, nn.Cell):
             raise TypeError(f"PipelineStage: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
         if not 0 <= stage_index < stage_num:
@@ -111,6 +181,7 @@ class PipelineStage:
             raise ValueError(f"PipelineStage: the last stage ({stage_index}) needs loss_fn(output, label), or "
                              f"loss_in_cell=True when its Cell takes (inputs..., label) and returns the loss")
         self.loss_in_cell = loss_in_cell
+        self.recompute = bool(recompute)
         self.cell, self.stage_index, self.stage_num = cell, stage_index, stage_num
         self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
         self.loss_fn = loss_fn
@@ -155,7 +226,7 @@ class PipelineStage:
             return self._fns[key]
         fn = self.objective(micro_batch_num)
         params = self.params
-        if kind == "forward":
+        if kind in ("forward", "tape"):
             out = fn
         elif kind == "backward":
             out = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(fn, params)
@@ -177,6 +248,8 @@ class PipelineStage:
 
             def out(*args):
                 return jitted(*args, *params)
+        if kind == "tape":
+            out = _Tape(out, params)
         self._fns[key] = out
         return out
 
@@ -267,8 +340,8 @@ class PipelineRuntime:
                 raise TypeError(f"PipelineRuntime: stage {st!r} is not a PipelineStage (a schedule built "
                                 "from StageInfo can be validated and simulated, not run)")
         self.schedule, self.mode, self.stages = schedule, mode, stages
-        if mode == "jit":
-            _warn_if_jit_cannot_replay(schedule.local_order)
+        if mode == "jit" and any(st.recompute for st in stages.values()):
+            _warn_if_jit_cannot_replay([st for st in schedule.local_order if stages[st.stage_index].recompute])
         pp_ranks = next(iter(stages.values())).pp_ranks
         self.pp_ranks = pp_ranks if pp_ranks is not None else list(range(get_env().world_size))
         if len(self.pp_ranks) != schedule.pp_size:
@@ -357,13 +430,20 @@ class PipelineRuntime:
             # zeros_like was measured to return the pre-shrink shape under msrun (vocab-parallel embedding)
             shapes = st.weight_shapes or tuple(tuple(p.shape) for p in st.params)
             st.grads = tuple(ops.zeros(shape, p.dtype) for shape, p in zip(shapes, st.params))
-        for step in self.schedule.local_order:
-            start = time.perf_counter() if self.record else 0.0
-            done = self._execute(step, xs, ys, acts, grads, saved, losses, m)
-            if self.record:
-                self._sync(done)
-                self.trace.append((step, start, time.perf_counter()))
-            memory.tables(acts, grads, saved)
+        try:
+            for step in self.schedule.local_order:
+                start = time.perf_counter() if self.record else 0.0
+                done = self._execute(step, xs, ys, acts, grads, saved, losses, m)
+                if self.record:
+                    self._sync(done)
+                    self.trace.append((step, start, time.perf_counter()))
+                memory.tables(acts, grads, saved)
+        except BaseException:
+            for st in self.stages.values():   # records of microbatches that never ran backward
+                tape = st._fns.get(("tape", self.mode))
+                if tape is not None:
+                    tape.discard()
+            raise
         loss = sum(losses[1:], losses[0]) if losses else None
         return self._average_over_replicas(loss)
 
@@ -385,8 +465,12 @@ class PipelineRuntime:
             self.memory.save(s, nbytes)
             if stage.is_last:
                 args = args + (ys[mb],)
-            saved[(mb, s)] = (args, rng_snapshot(), nbytes)   # the backward replays this random state
-            out = stage.compiled("forward", self.mode, m)(*args)
+            if stage.recompute:
+                saved[(mb, s)] = (args, rng_snapshot(), nbytes)   # the backward replays this random state
+                out = stage.compiled("forward", self.mode, m)(*args)
+            else:   # recorded: the backward uses this forward's record (args: the record's key)
+                out, args = stage.compiled("tape", self.mode, m).forward(args)
+                saved[(mb, s)] = (args, None, nbytes)
             if stage.is_last:
                 losses.append(out)
             acts[(mb, s)] = out
@@ -427,6 +511,8 @@ class PipelineRuntime:
         return grads[(mb, s + 1)]
 
     def _backward(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
+        if not stage.recompute:
+            return self._backward_recorded(step, stage, saved, acts, grads, m)
         mb, s, t = step.micro_index, step.stage_index, step.type
         args, rng_state, nbytes = saved[(mb, s)]
         sens = self._sens(step, stage, acts, grads)
@@ -455,6 +541,24 @@ class PipelineRuntime:
             if stage.is_last:
                 acts.pop((mb, s), None)
         return done
+
+    def _backward_recorded(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
+        """The backward of the forward's record: BWD, or BWD_INPUT computing input and weight
+        gradients in one pass (its BWD_WEIGHT then has nothing left to do)."""
+        mb, s, t = step.micro_index, step.stage_index, step.type
+        if t is T.BWD_WEIGHT:
+            return None
+        args, _, nbytes = saved.pop((mb, s))
+        sens = self._sens(step, stage, acts, grads)
+        input_grads, weight_grads = stage.compiled("tape", self.mode, m).backward(args, sens)
+        if s > 0:   # stage 0's input gradient goes nowhere
+            grads[(mb, s)] = input_grads[0]
+        self._accumulate(stage, weight_grads)
+        self.memory.free(s, nbytes)
+        grads.pop((mb, s + 1), None)
+        if stage.is_last:
+            acts.pop((mb, s), None)
+        return stage.grads[-1] if stage.grads else input_grads[0]
 
     @staticmethod
     def _accumulate(stage: PipelineStage, weight_grads):
