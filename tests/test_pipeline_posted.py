@@ -266,3 +266,20 @@ def test_random_compute_orders_posted_reach_the_ideal_and_lower_to_blocking():
         blocking = add_communication(order, placement, n, costs)
         validate_schedule(blocking, n, m, placement)
         validate_schedule(blocking, n, m, placement, blocking_send=False)
+
+
+def test_subclass_building_a_broken_compute_order_is_told_where():
+    """The same 1F1B bug through a schedule subclass that adds communication itself."""
+    from mindformers_core.pipeline import PipelineScheduleSingle, StageInfo
+
+    class Buggy1F1B(PipelineScheduleSingle):
+        def construct_exec_order(self):
+            order = one_f_one_b(self.stage_num, self.micro_batch_num)
+            last = self.stage_num - 1
+            order[last] = [F(self.micro_batch_num, last) if s == F(0, last) else s for s in order[last]]
+            self.exec_order.update(add_communication(order, self.placement, self.stage_num,
+                                                     micro_batch_num=self.micro_batch_num))
+
+    with pytest.raises(ScheduleError, match=r"^rank 3, step 0, F4@s3: \(microbatch 4, stage 3\): microbatch 4 does "
+                                            r"not exist \(micro_batch_num=4, microbatches 0..3\)"):
+        Buggy1F1B(StageInfo(0, 4), 4)
