@@ -68,7 +68,7 @@ def validate_compute_order(compute_order: Mapping[int, Sequence[MetaStep]], plac
                                     **_where(rank, i, step))
             for part in step.parts:
                 m, s = part.micro_index, part.stage_index
-                label = f"{_what(step)}: " if step.type is T.FWD_BWD else f"{_what(step)}: "
+                label = f"{_what(step)}: "
                 if s >= stage_num:
                     raise ScheduleError("placement", f"{label}stage {s} does not exist (stage_num={stage_num}, "
                                         f"stages 0..{stage_num - 1})", **_where(rank, i, step))
