@@ -60,10 +60,9 @@ REMAINING = {
     "pretrain_deepseek3_671b.yaml": [
         WORKERS, "model.model_config.architectures", "model.model_config.multi_latent_attention",
         "model.model_config.num_heads", "model.model_config.num_nextn_predict_layers",
-        "model.model_config.qk_layernorm", "model.model_config.router_dense_type",
+        "model.model_config.qk_layernorm",
         "model.model_config.use_flash_attention", "parallel.parallel_optimizer_config.optimizer_weight_shard_size",
-        "parallel.pipeline_config.pipeline_scheduler", "parallel_config.expert_parallel",
-        "train_dataset.data_loader.type"],
+        "parallel.pipeline_config.pipeline_scheduler", "train_dataset.data_loader.type"],
     "llm_pretrain_dense_template.yaml": [
         WORKERS, "model.model_config.hidden_size", "model.model_config.num_heads", "model.model_config.num_layers",
         "model.model_config.seq_length", "model.model_config.vocab_size", "train_dataset.data_loader.type"],
@@ -72,8 +71,7 @@ REMAINING = {
         "model.num_attention_heads", "model.num_hidden_layers", "model.seq_length", "model.vocab_size",
         "train_dataset.dataloader.type"],
     "pynative_ds3.yaml": ["model.architectures", "model.multi_latent_attention", "model.num_nextn_predict_layers",
-                          "model.position_embedding_type", "model.qk_layernorm", "model.router_dense_type",
-                          "model.use_flash_attention"],
+                          "model.position_embedding_type", "model.qk_layernorm", "model.use_flash_attention"],
 }
 NOT_APPLIED = {   # a few of the keys each file lists as not applied on CPU
     "pretrain_llama2_7b.yaml": ["context.max_device_memory", "runner_wrapper.scale_sense.loss_scale_value",
@@ -272,8 +270,11 @@ BAD = [   # (file, extra argv, the message line expected, in part)
     (LLAMA2, ["--train_dataset.input_columns", "[labels]"], "train_dataset.input_columns = ['labels']: must be a "
                                                             "list holding 'input_ids'"),
     (LLAMA2, ["--model.model_config.qk_layernorm", True], "model.model_config.qk_layernorm = True: q/k normalisation"),
-    (LLAMA2, ["--moe_config.expert_num", 8], "moe_config.expert_num = 8: mixture of experts is not implemented yet"),
-    (LLAMA2, ["--parallel_config.expert_parallel", 2], "mixture of experts is not implemented yet"),
+    (LLAMA2, ["--moe_config.expert_num", 8, "--moe_config.use_shared_expert_gating", True],
+     "moe_config.use_shared_expert_gating = True: a sigmoid gate on the shared experts is not implemented"),
+    (LLAMA2, ["--moe_config.expert_nun", 8], "did you mean 'moe_config.expert_num'?"),
+    (LLAMA2, ["--moe_config.aux_loss_types", "[expert, device]"],
+     "moe_config.aux_loss_types = ['expert', 'device']: only the expert load-balancing loss"),
     (LLAMA2, ["--do_eval", "maybe"], "do_eval = 'maybe': must be True or False"),
     (LLAMA2, ["--model.model_config.head_dim", 64, "--parallel_config.data_parallel", 1,
               "--model.model_config.use_flash_attention", False, "--model.model_config.hidden_size", 256],
@@ -291,7 +292,7 @@ BAD = [   # (file, extra argv, the message line expected, in part)
     (PYN, ["--training.global_batch_size", 3], "training.global_batch_size = 3: must be a multiple of "
                                               "training.local_batch_size 2 x data parallel 1"),
     (PYN, ["--training.rampup_batch_size", "[1, 1, 8]"], "batch-size ramp-up is not implemented"),
-    (PYN, ["--parallelism.expert_parallel", 4], "parallelism.expert_parallel = 4: mixture of experts"),
+    (PYN, ["--parallelism.expert_paralel", 4], "did you mean 'parallelism.expert_parallel'?"),
     (PYN, ["--model.multi_latent_attention", True], "model.multi_latent_attention = True: multi-latent attention"),
     (PYN, ["--recompute.mode", "partial"], "recompute.mode = 'partial': must be one of ['None', 'full', 'select']"),
     (PYN, ["--parallelism.tensor_parallel", 3], "parallelism = data_parallel_shard 1 x tensor_parallel 3 x "

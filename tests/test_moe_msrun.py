@@ -4,6 +4,10 @@ under ms.jit, dropless routing. 2 ranks: ep2 (softmax top-2) and ep2 with sigmoi
 group-limited routing; 4 ranks: ep4, ep2 x dp2 (expert gradients summed over the expert-data-parallel
 group only; the load-balancing loss over the whole global batch), ep2 x tp2 (dense layers tensor
 parallel, experts replicated over tp)."""
+import os
+import tempfile
+
+import numpy as np
 import pytest
 
 from tests.msrun_batch import job
@@ -17,6 +21,27 @@ EP2 = job("moe_ep2", 2, "tests.bodies.moe_body:run",
 EP4 = job("moe_ep4", 4, "tests.bodies.moe_body:run",
           {"configs": {"ep4": {"dp": 4, "ep": 4}, "ep2_dp2_global_aux": {"dp": 4, "ep": 2, "balance": "aux_loss"},
                        "ep2_tp2": {"dp": 2, "ep": 2, "tp": 2}}}, timeout=900, group=__name__)
+
+
+# the YAML trainer (run_mindformer.py) on the tiny Llama made MoE by overrides, ep2 on 2 workers
+MOE_KEYS = ["--model.model_config.num_experts", 4, "--model.model_config.num_experts_per_tok", 2,
+            "--model.model_config.moe_intermediate_size", 64, "--model.model_config.n_shared_experts", 1,
+            "--model.model_config.first_k_dense_replace", 1, "--model.model_config.moe_aux_loss_coeff", 0.01,
+            "--runner_config.max_steps", 3, "--lr_schedule.warmup_steps", 0,
+            "--callbacks", "[{type: MFLossMonitor}]"]
+EP2_ARGS = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--parallel_config.expert_parallel", 2,
+            "--runner_config.batch_size", 2]
+ASSETS = os.path.join(tempfile.gettempdir(), f"mfc_moe_trainer_{os.getpid()}")
+
+
+def _trainer_kwargs():
+    from tests.test_trainer import build_assets
+    tiny = build_assets(ASSETS)
+    return {"yaml": tiny["yaml"], "out_root": tempfile.mkdtemp(prefix="mfc_moe_ep2_"), "argv": MOE_KEYS + EP2_ARGS}
+
+
+TRAINER_EP2 = job("moe_trainer_ep2", 2, "tests.bodies.moe_body:run_trainer", _trainer_kwargs, timeout=600,
+                  group=__name__)
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +65,21 @@ def test_ep4_ep2xdp2_ep2xtp2(single_process):
     plan = results[0]["ep2_dp2_global_aux/pynative"]["plan"]
     assert "experts.w_gate: (ep, None, None) (declared), grad summed over ['edp']" in plan
     assert "router.weight: (None, None) (derived), grad summed over ['edp', 'ep']" in plan
+
+
+def test_trainer_ep2_matches_one_process():
+    """run_mindformer.py: ep2 (dp2) on 2 workers = one process, PyNative and jit: losses, expert load and the
+    load-balancing loss of every step."""
+    from tests.bodies.moe_body import run_trainer
+    got = TRAINER_EP2.results()[0]
+    yaml = TRAINER_EP2.used_kwargs["yaml"]
+    want = run_trainer(yaml, tempfile.mkdtemp(prefix="mfc_moe_one_"), MOE_KEYS + ["--runner_config.batch_size", 4])
+    for mode in (1, 0):
+        g, w = got[mode], want[mode]
+        assert len(g) == len(w) == 3
+        for key in ("loss", "aux_loss"):
+            a, b = np.array([r[key] for r in g]), np.array([r[key] for r in w])
+            assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), (mode, key, a, b)
+        np.testing.assert_allclose([r["expert_load"] for r in g], [r["expert_load"] for r in w], atol=1e-3)
+        assert w[-1]["loss"] < w[0]["loss"]
+        assert sum(w[0]["expert_load"][0]) == 4 * 32 * 2     # every token's 2 choices, per micro-batch

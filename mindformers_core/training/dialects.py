@@ -123,13 +123,14 @@ def known_paths(dialect: str) -> List[str]:
         keys = [p for p, _ in iter_fields()] + list(K.GRAPH_ALIASES) + list(K.GRAPH_NOT_APPLIED)
         keys += list(K.GRAPH_SPECIAL)
         keys += [f"model.model_config.{k}" for k in _model_names()]
+        keys += [f"moe_config.{k}" for k in (*K.MOE_CONFIG_KEYS, *K.MOE_CONFIG_CHECKED, *K.MOE_CONFIG_NOT_APPLIED)]
     return sorted({k[:-2] if k.endswith(".*") else k for k in keys})
 
 
 def _model_names() -> List[str]:
     own = list(lookup("model.model_config").fields)
     return own + list(K.MODEL_ALIASES) + list(K.MODEL_CHECKED) + list(K.MODEL_NOT_APPLIED) + \
-        list(K.MODEL_HEAD_DIM) + list(K.MOE_MODEL_KEYS)
+        list(K.MODEL_HEAD_DIM)
 
 
 def suggest(path: str, dialect: str) -> Optional[str]:
@@ -222,18 +223,14 @@ class _Translation:
     # ---- model keys (both dialects) ----------------------------------------------------------------
     def model(self, keys: Dict[str, Any], prefix: str, own: Iterable[str]) -> None:
         """``keys`` of one model section (``model.model_config`` or PyNative ``model``)."""
-        moe = [k for k in keys if k in K.MOE_MODEL_KEYS]
-        experts = keys.get("n_routed_experts", keys.get("num_experts"))
-        real = [k for k in moe if k not in K.MOE_SETTINGS_ONLY]
-        if (real and experts is None) or (isinstance(experts, int) and experts > 1):
-            self.errors.append(f"{prefix}{moe[0]} = {keys[moe[0]]!r}: {K.MOE_MESSAGE} (MoE keys here: "
-                               f"{', '.join(moe)})")
         own = set(own)
         for name, value in keys.items():
             user = f"{prefix}{name}"
             if name == "offset" and isinstance(value, list) and value and all(isinstance(v, list) for v in value):
                 value = [o for chunk in value for o in chunk]    # per virtual stage lists -> stage order
-            if name in own:
+            if name == "moe_token_drop_policy" and value in (False, None):
+                self.skip(user, K.MISC)                  # MindFormers' "no drop policy": dropless (the default)
+            elif name in own:
                 self.put(f"model.model_config.{name}", value, user)
             elif name in K.MODEL_ALIASES:
                 if value in _EMPTY and name != "untie_embeddings_and_output_weights":
@@ -250,14 +247,45 @@ class _Translation:
                 self.head_dim(user, value, keys)
             elif user in K.GRAPH_ALIASES:
                 self.put(K.GRAPH_ALIASES[user], value, user)
-            elif name in K.MOE_MODEL_KEYS:
-                self.skip(user, K.MISC)
             elif name in K.MODEL_NOT_APPLIED:
                 self.skip(user, K.MODEL_NOT_APPLIED[name])
             elif self.report.dialect == GRAPH:
                 _set(self.out, f"model.model_config.{name}", value)     # the schema check names it, in order
             else:
                 self.errors.append(unknown(user, value, self.report.dialect))
+
+    def moe_config(self, path: str, value: Any) -> None:
+        """A key of DeepSeek-V3's graph-mode ``moe_config`` block, read into ``model.model_config``."""
+        name = path.split(".", 1)[1]
+        if name in K.MOE_CONFIG_KEYS:
+            if _hashable(value) and value in _EMPTY:
+                return
+            if name == "expert_num" and isinstance(value, int) and not isinstance(value, bool) and value <= 1:
+                self.skip(path, K.MISC)                                  # one expert: a dense model
+                return
+            if name == "use_gating_sigmoid":
+                if not isinstance(value, bool):
+                    self.errors.append(f"{path} = {value!r}: must be True (sigmoid scores) or False (softmax)")
+                    return
+                value = "sigmoid" if value else "softmax"
+            if name == "aux_loss_factors":
+                if not isinstance(value, list) or len(value) != 1:
+                    self.errors.append(f"{path} = {value!r}: one factor is expected (the expert load-balancing "
+                                       "loss, aux_loss_types ['expert'])")
+                    return
+                value = value[0]
+            self.put(f"model.model_config.{K.MOE_CONFIG_KEYS[name]}", value, path)
+        elif name in K.MOE_CONFIG_CHECKED:
+            ok, why = K.MOE_CONFIG_CHECKED[name]
+            items = value if isinstance(value, list) else [value]
+            if all(_hashable(v) and v in ok for v in items):
+                self.skip(path, K.MISC)
+            else:
+                self.errors.append(f"{path} = {value!r}: {why}")
+        elif name in K.MOE_CONFIG_NOT_APPLIED:
+            self.skip(path, K.MOE_CONFIG_NOT_APPLIED[name])
+        else:
+            self.errors.append(unknown(path, value, GRAPH))
 
     def head_dim(self, user: str, value: Any, keys: Dict[str, Any]) -> None:
         hidden = keys.get("hidden_size")
@@ -305,6 +333,8 @@ def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
         section = path.split(".")[0]
         if path == "parallel.pipeline_config.pipeline_interleave" and isinstance(value, bool):
             t.vpp_flag = value
+        elif section == "moe_config":
+            t.moe_config(path, value)
         elif lookup(path) is not None and not isinstance(lookup(path), Section):
             reason = _match(path, K.GRAPH_NOT_APPLIED)
             if reason is not None:
@@ -331,10 +361,6 @@ def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
                                 "implemented for polynomial")
             else:
                 t.skip(path, K.WRAPPER)
-        elif path == "parallel_config.expert_parallel" and value not in (1, None):
-            t.errors.append(f"parallel_config.expert_parallel = {value!r}: {K.MOE_MESSAGE}; set it to 1")
-        elif section == "moe_config" and path.endswith("expert_num") and isinstance(value, int) and value > 1:
-            t.errors.append(f"{path} = {value!r}: {K.MOE_MESSAGE}")
         elif path == "runner_wrapper.use_clip_grad" and value is False:
             t.put("runner_config.max_grad_norm", 0.0, path)
         elif lookup(path) is None and lookup(path.rpartition(".")[0] or path) is not None \
@@ -486,11 +512,6 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
                                 "set it to null")
         elif path == "train_dataset.dataloader.column_names":
             t.columns(path, value)
-        elif path == "parallelism.expert_parallel":
-            if value not in (1, None):
-                t.errors.append(f"parallelism.expert_parallel = {value!r}: {K.MOE_MESSAGE}; set it to 1")
-            else:
-                t.skip(path, K.GRAPH_PARALLEL)
         elif path == "recompute.mode":
             mode = str(value).lower()
             if mode in ("none", "full", "select"):
@@ -598,6 +619,11 @@ def table_markdown() -> str:
     out += [f"| `{k}` | `{v}` |" for k, v in K.GRAPH_ALIASES.items()]
     out += [f"| `model.model_config.{k}` | `model.model_config.{v}`{' (negated)' if k in K.NEGATED else ''} |"
             for k, v in K.MODEL_ALIASES.items()]
+    out += ["", "### DeepSeek-V3 `moe_config` keys (graph mode, applied; see docs/moe.md)", "",
+            "| key in the file | read as |", "|---|---|"]
+    out += [f"| `moe_config.{k}` | `model.model_config.{v}`"
+            + {"use_gating_sigmoid": " (`sigmoid` / `softmax`)", "expert_num": " (<= 1: a dense model)",
+               "aux_loss_factors": " (one factor)"}.get(k, "") + " |" for k, v in K.MOE_CONFIG_KEYS.items()]
     out += ["", "### PyNative TrainConfig keys (applied)", "", "| key in the file | read as |", "|---|---|"]
     out += [f"| `{k}` | `{v}` |" for k, v in K.PYNATIVE_ALIASES.items()]
     out += ["| `training.global_batch_size` | `runner_config.gradient_accumulation_steps` (pipeline: "
@@ -614,15 +640,17 @@ def table_markdown() -> str:
     out += [f"| `{k}` | {', '.join(repr(v) for v in ok)} | {why} |" for k, (ok, why) in K.MODEL_CHECKED.items()]
     out += [f"| `{k}` | hidden_size / num_heads | a head size other than hidden_size / num_heads is not implemented |"
             for k in K.MODEL_HEAD_DIM]
-    out += [f"| MoE keys ({', '.join(f'`{k}`' for k in K.MOE_MODEL_KEYS[:6])}, ...), `moe_config.expert_num` > 1, "
-            f"`expert_parallel` > 1 | absent / 1 expert | {K.MOE_MESSAGE} |",
-            f"| `data_loader.type` / `dataloader.type` | MindDataset | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "
+    out += [f"| `moe_config.{k}` | {', '.join(repr(v) for v in ok)} | {why} |"
+            for k, (ok, why) in K.MOE_CONFIG_CHECKED.items()]
+    out += [f"| `data_loader.type` / `dataloader.type` | MindDataset | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "
             "not implemented |"]
     out += ["", "### Known to MindFormers, not applied here (accepted, listed at start-up)", "",
             "| key | why |", "|---|---|"]
     model_na = {f"model.model_config.{k}": v for k, v in K.MODEL_NOT_APPLIED.items()}
     rows: Dict[str, List[str]] = {}
-    for table, dialect in ((K.GRAPH_NOT_APPLIED, "graph"), (model_na, "graph"), (K.PYNATIVE_NOT_APPLIED, "PyNative"),
+    moe_na = {f"moe_config.{k}": v for k, v in K.MOE_CONFIG_NOT_APPLIED.items()}
+    for table, dialect in ((K.GRAPH_NOT_APPLIED, "graph"), (model_na, "graph"), (moe_na, "graph"),
+                           (K.PYNATIVE_NOT_APPLIED, "PyNative"),
                            ({f"callbacks: type {k}": v for k, v in K.CALLBACKS_NOT_APPLIED.items()}, "graph")):
         for k, reason in table.items():
             rows.setdefault(f"{reason} ({dialect})", []).append(f"`{k}`")

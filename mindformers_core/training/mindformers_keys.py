@@ -45,6 +45,13 @@ MODEL_ALIASES: Dict[str, str] = {
 }
 NEGATED = {"untie_embeddings_and_output_weights"}      # value read as `not value`
 
+# Mixture of experts (docs/moe.md). Qwen3-MoE / mcore model keys are schema keys of model.model_config
+# (num_experts, num_experts_per_tok, moe_intermediate_size, ...); these are their other names:
+MOE_ALIASES: Dict[str, str] = {"n_routed_experts": "num_experts", "moe_router_topk": "num_experts_per_tok",
+                               "moe_ffn_hidden_size": "moe_intermediate_size", "router_aux_loss_coef": "moe_aux_loss_coeff"}
+MODEL_ALIASES.update(MOE_ALIASES)
+MOE_KERNEL_KEYS = ("router_dense_type", "moe_grouped_gemm", "use_fused_ops_topkrouter", "moe_token_dispatcher_type",
+                   "moe_permute_fusion", "moe_router_dtype")
 # name -> (values accepted, the error when another value is given); accepted values are listed as not applied
 MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "qk_layernorm": ((False, None), "q/k normalisation (Qwen3-style qk_layernorm) is not implemented; set it to False"),
@@ -65,6 +72,8 @@ MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "pre_seq_len": (("None", None, 0), "prefix tuning is not implemented; set it to None"),
     "quantization_bit": ((0, None), "quantized training is not implemented; set it to 0"),
     "use_past": ((False, None), "incremental inference (use_past) is not implemented; set it to False"),
+    "decoder_sparse_step": ((1, None), "MoE layers every decoder_sparse_step-th layer are not implemented (every "
+                                       "layer after first_k_dense_replace is MoE); set it to 1"),
 }
 
 MODEL_NOT_APPLIED: Dict[str, str] = dict(
@@ -82,6 +91,8 @@ MODEL_NOT_APPLIED: Dict[str, str] = dict(
                             "init_method_std")},
     **{k: REGULARISATION for k in ("hidden_dropout", "attention_dropout", "emb_dropout_prob",
                                    "hidden_dropout_rate", "attention_dropout_rate", "initializer_range")},
+    **{k: KERNELS for k in MOE_KERNEL_KEYS},
+    **{"output_router_logits": INFERENCE},
     **{k: MISC for k in ("multiple_of", "expand_ratio", "prefix_projection", "mtp_loss_factor",
                          "mtp_loss_scaling_factor", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "qk_nope_head_dim", "v_head_dim", "rotary_scaling_factor", "beta_fast", "beta_slow",
@@ -90,16 +101,35 @@ MODEL_NOT_APPLIED: Dict[str, str] = dict(
 # head_dim / kv_channels: accepted when equal to hidden_size / num_heads (checked in dialects.py)
 MODEL_HEAD_DIM = ("head_dim", "kv_channels")
 
-# Mixture-of-experts keys: refused together (one line) until MoE lands; `expert_num`/`n_routed_experts` <= 1 is dense.
-MOE_MODEL_KEYS = ("moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
-                  "first_k_dense_replace", "routed_scaling_factor", "scoring_func", "norm_topk_prob", "topk_group",
-                  "n_group", "router_dense_type", "moe_grouped_gemm", "moe_router_load_balancing_type",
-                  "moe_aux_loss_coeff", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
-                  "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_token_drop_policy",
-                  "use_fused_ops_topkrouter", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
-MOE_SETTINGS_ONLY = ("router_dense_type", "moe_grouped_gemm", "use_fused_ops_topkrouter", "moe_token_dispatcher_type")
-MOE_MESSAGE = ("mixture of experts is not implemented yet; remove the MoE keys (a dense model) or wait for the "
-               "MoE support")
+# DeepSeek-V3's graph-mode moe_config block: key -> model.model_config key (value transforms in dialects.py)
+MOE_CONFIG_KEYS: Dict[str, str] = {
+    "expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok", "shared_expert_num": "n_shared_experts",
+    "moe_intermediate_size": "moe_intermediate_size", "routed_scaling_factor": "routed_scaling_factor",
+    "first_k_dense_replace": "first_k_dense_replace", "use_gating_sigmoid": "scoring_func",
+    "balance_via_topk_bias": "moe_router_enable_expert_bias", "topk_bias_update_rate": "moe_router_bias_update_rate",
+    "norm_topk_prob": "norm_topk_prob", "n_group": "n_group", "topk_group": "topk_group",
+    "aux_loss_factor": "moe_aux_loss_coeff", "aux_loss_factors": "moe_aux_loss_coeff",
+}
+# moe_config keys accepted with one value only: name -> (values accepted, the error otherwise)
+MOE_CONFIG_CHECKED: Dict[str, Tuple[tuple, str]] = {
+    "use_shared_expert_gating": ((False, None), "a sigmoid gate on the shared experts is not implemented; set it "
+                                                "to False"),
+    "z_loss_factor": ((0, 0.0, None), "the router z-loss is not implemented; set it to 0"),
+    "aux_loss_types": ((None, "expert"), "only the expert load-balancing loss ('expert') is implemented"),
+    "topk_method": ((None, "greedy", "group_limited_greedy", "noaux_tc"),
+                    "valid: greedy, group_limited_greedy (with n_group/topk_group), noaux_tc (with "
+                    "balance_via_topk_bias)"),
+}
+MOE_CONFIG_NOT_APPLIED: Dict[str, str] = {
+    **{k: KERNELS for k in ("use_fused_ops_topkrouter", "router_dense_type", "use_gmm", "enable_gmm_safe_tokens",
+                            "use_fused_ops_permute", "npu_nums_per_device", "enable_deredundency",
+                            "use_allgather_dispatcher", "moe_shared_expert_overlap", "comp_comm_parallel",
+                            "comp_comm_parallel_degree", "group_wise_a2a", "ep_extend_tp", "dispatch_global_max_bs")},
+    **{k: MISC for k in ("routing_policy", "save_token_distribution", "cur_layer", "enable_cold_hot_expert",
+                         "update_step", "hot_expert_num", "cold_token_percent", "moe_module_name", "enable_sdrop",
+                         "max_router_load", "expert_group_size", "capacity_factor")},
+    "callback_moe_droprate": MONITOR,
+}
 
 # Keys of MindFormers' data loaders (MindDataset, BlendedMegatronDatasetDataLoader, ...) other than
 # type/dataset_dir/shuffle, which are read
@@ -123,7 +153,7 @@ GRAPH_ALIASES: Dict[str, str] = {
 }
 # Graph-mode keys checked for a value (input_columns, do_eval, ... have their own code in dialects.py)
 GRAPH_SPECIAL = ("train_dataset.input_columns", "eval_dataset.input_columns", "do_eval", "lr_schedule.power",
-                 "parallel_config.expert_parallel", "moe_config.*", "runner_wrapper.use_clip_grad")
+                 "moe_config.*", "runner_wrapper.use_clip_grad")
 
 GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{f"context.{k}": ASCEND for k in (
@@ -152,8 +182,7 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{k: MISC for k in ("trainer.*", "metric.*", "layer_scale", "layer_decay", "lr_scale", "lr_scale_factor",
                          "remote_save_url", "use_legacy", "pretrained_model_dir", "train_precision_sync",
                          "infer_precision_sync", "trust_remote_code", "checkpoint.*", "model.arch.*",
-                         "model.model_config.type", "parallel_config.expert_parallel", "moe_config.*",
-                         "runner_wrapper.use_clip_grad")},
+                         "model.model_config.type", "runner_wrapper.use_clip_grad")},
     **{k: INFERENCE for k in ("processor.*", "predict_batch_size", "input_data", "adapter_id")},
     **{f"{d}.{k}": LOADER for d in ("train_dataset", "eval_dataset") for k in (
         "input_columns", "output_columns", "construct_args_key", "python_multiprocessing", "repeat", "numa_enable",
@@ -191,6 +220,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
     "parallelism.pipeline_parallel_layers_per_stage": "parallel.pipeline_config.layers_per_stage",
     "parallelism.sequence_parallel": "parallel_config.use_seq_parallel",
     "parallelism.data_parallel_shard": "parallel_config.data_parallel",
+    "parallelism.expert_parallel": "parallel_config.expert_parallel",
     "lr_scheduler.type": "lr_schedule.type", "lr_scheduler.learning_rate": "lr_schedule.learning_rate",
     "lr_scheduler.warmup_steps": "lr_schedule.warmup_steps", "lr_scheduler.warmup_ratio": "lr_schedule.warmup_ratio",
     "lr_scheduler.lr_end": "lr_schedule.lr_end", "lr_scheduler.total_steps": "lr_schedule.total_steps",
@@ -219,7 +249,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
 PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", "checkpoint.enable_save",
                     "checkpoint.save_interleaved_steps", "checkpoint.save_max", "checkpoint.prefix",
                     "checkpoint.async_save",
-                    "train_dataset.dataloader.column_names", "parallelism.expert_parallel", "recompute.mode",
+                    "train_dataset.dataloader.column_names", "recompute.mode",
                     "lora_config", "lora_config.*", "callbacks", "callbacks.*", "eval_dataset", "eval_dataset.*",
                     "model", "model.*")
 

@@ -17,10 +17,12 @@ import numpy as np
 
 from ..models import get_model_spec
 from ..sharding.annotations import sharding_plan_of
+from ..sharding.expert_parallel import expert_mesh
 from ..sharding.layout import Layout
 from ..sharding.parallelizer import parallelize
 from ..common.sequence_placement import normalize_algorithm
 from .config import Config, ConfigError
+from .moe_log import moe_monitor
 from .rules import context_parallel_algorithm
 from .shape import JobShape
 from .topology import Topology
@@ -34,6 +36,7 @@ class BuiltModel:
     chunks: list                # this rank's stage Cells in model order (one without a pipeline)
     params: list                # their trainable parameters, in order
     plan: object                # the first chunk's ShardingPlan
+    moe: object = None          # a MoEMonitor (training/moe_log.py) for a mixture-of-experts model
 
     @property
     def model(self):
@@ -50,7 +53,12 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     mcfg.virtual_pipeline_model_parallel_size = shape.vpp if shape.vpp > 1 else None
     mcfg.sequence_parallel = bool(cfg.parallel_config.use_seq_parallel) and shape.tp > 1
     apply_context_parallel(mcfg, cfg.parallel_config, shape.cp)
-    mesh = Layout((shape.dp, shape.cp, shape.tp), ("dp", "cp", "tp"), topo.stage_ranks)
+    ep = int(cfg.parallel_config.get("expert_parallel", 1) or 1)
+    mcfg.expert_model_parallel_size = ep
+    if ep > 1:   # experts over ep, carved out of dp: "dp" names ("edp", "ep") (docs/moe.md)
+        mesh = expert_mesh(shape.dp, shape.cp, shape.tp, ep, topo.stage_ranks)
+    else:
+        mesh = Layout((shape.dp, shape.cp, shape.tp), ("dp", "cp", "tp"), topo.stage_ranks)
     seq = int(cfg.model.model_config.seq_length)
     ids = np.zeros((micro_batch * shape.dp, seq), np.int32)
     counts = layer_counts(cfg, topo, output_dir, log) if shape.pp > 1 else None
@@ -70,7 +78,8 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
         _apply_recompute(cfg, chunk, topo.rank, log)
         chunks.append(chunk)
     params = [p for chunk in chunks for p in chunk.trainable_params()]
-    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]))
+    moe = moe_monitor(chunks[0], mcfg) if shape.pp == 1 else None
+    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe)
 
 
 def apply_context_parallel(mcfg, parallel_config, cp: int) -> None:
@@ -99,14 +108,17 @@ def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Opt
 
 def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarray) -> None:
     """A pipeline stage takes ids (first stage) or hidden states, and labels on the last stage;
-    hidden states arrive split over dp (and over tp along the sequence with SP)."""
+    hidden states arrive split over dp, their sequence over cp (context parallel) and tp (SP), as
+    the previous stage's layers leave them; labels are split over dp and cp like the ids."""
     if s == 0:
         parallelize(chunk, mcfg, ids, mesh=mesh, rank=topo.rank)
         return
     dpx = "dp" if topo.dp > 1 else "None"
+    seq_axes = tuple(a for a, on in (("cp", topo.cp > 1), ("tp", mcfg.sequence_parallel)) if on)
+    seq = seq_axes if len(seq_axes) > 1 else (seq_axes[0] if seq_axes else "None")
     hidden = np.zeros(ids.shape + (mcfg.hidden_size,), np.float32)
     samples = [hidden, ids]
-    layouts = [mesh(dpx, "tp" if mcfg.sequence_parallel else "None", "None"), mesh(dpx, "None")]
+    layouts = [mesh(dpx, seq, "None"), mesh(dpx, "cp" if topo.cp > 1 else "None")]
     if s != topo.stage_num - 1:
         samples, layouts = samples[:1], layouts[:1]
     parallelize(chunk, mcfg, *samples, mesh=mesh, rank=topo.rank, input_layouts=layouts)

@@ -86,6 +86,35 @@ def resolve_checkpoint(path: str, key: str = "load_checkpoint") -> Tuple[str, An
                        "<output_dir>/checkpoint directory, one of its step_<k> directories, or a .safetensors file"])
 
 
+# TransformerConfig's MoE fields as the YAML names them (the model config's errors name the file's keys)
+MOE_FIELD_KEYS = {
+    "num_moe_experts": "model.model_config.num_experts", "moe_router_topk": "model.model_config.num_experts_per_tok",
+    "moe_ffn_hidden_size": "model.model_config.moe_intermediate_size",
+    "moe_shared_expert_intermediate_size": "model.model_config.moe_shared_expert_intermediate_size",
+    "moe_first_k_dense_layers": "model.model_config.first_k_dense_replace",
+    "moe_router_topk_scaling_factor": "model.model_config.routed_scaling_factor",
+    "moe_router_score_function": "model.model_config.scoring_func",
+    "moe_router_norm_topk_prob": "model.model_config.norm_topk_prob",
+    "moe_router_num_groups": "model.model_config.n_group", "moe_router_group_topk": "model.model_config.topk_group",
+    **{k: f"model.model_config.{k}" for k in (
+        "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_aux_loss_coeff",
+        "moe_router_load_balancing_type", "moe_expert_capacity_factor", "moe_token_drop_policy")},
+    "expert_model_parallel_size": "parallel_config.expert_parallel", "data_parallel_size": "parallel_config.data_parallel",
+    "tensor_model_parallel_size": "parallel_config.model_parallel", "num_layers": "model.model_config.num_layers",
+}
+
+
+def moe_key_message(message: str) -> str:
+    """``TransformerConfig: moe_router_topk=9: rule`` -> ``model.model_config.num_experts_per_tok = 9: rule``
+    (other names in the rule too)."""
+    m = re.match(r"^(?:\w+: )?(\w+)=(.*?): (.*)$", message)
+    if not m:
+        return message
+    field, value, rule = m.groups()
+    rule = re.sub(r"\b(\w+)=", lambda x: f"{MOE_FIELD_KEYS.get(x.group(1), x.group(1))} = ", rule)
+    return f"{MOE_FIELD_KEYS.get(field, field)} = {value}: {rule}"
+
+
 @dataclass
 class Preflight:
     """What the checks found and the trainer uses: files, tokenizer, what to load, warnings."""
@@ -115,15 +144,55 @@ class _Checks:
         """What context parallelism does not combine with yet (the sizes themselves are schema rules)."""
         cfg, shape = self.cfg, self.shape
         cp = f"parallel_config.context_parallel = {shape.cp}"
-        if shape.pp > 1:
-            self.errors.append(f"{cp} with parallel_config.pipeline_stage = {shape.pp}: context parallelism inside "
-                               "pipeline stages is not implemented yet; use pipeline_stage: 1")
+        if shape.pp > 1 and shape.jit:
+            self.errors.append(f"{cp} with parallel_config.pipeline_stage = {shape.pp} and context.mode = 0: inside "
+                               "a compiled pipeline stage's gradient MindSpore 2.10 rejects the context-parallel "
+                               "kernels' own backward ('The params of function bprop ... requires the forward "
+                               "inputs'); run cp x pp with context.mode: 1 (PyNative)")
         if shape.sharded_dp:
             self.errors.append(f"{cp} with parallel.enable_parallel_optimizer = True: hsdp does not reduce over cp "
                                "yet; set enable_parallel_optimizer: False")
         if float(cfg.model.model_config.get("attention_dropout", 0.0) or 0.0) > 0:
             self.errors.append(f"{cp}: model.model_config.attention_dropout must be 0 (the context-parallel "
                                "attention kernels have no dropout)")
+
+    def moe_errors(self) -> None:
+        """Mixture of experts and expert parallelism (docs/moe.md): sizes, what ep does not combine with yet,
+        and the model config's own MoE rules, named by the file's keys."""
+        cfg, shape = self.cfg, self.shape
+        mc, pc = cfg.model.model_config, cfg.parallel_config
+        ep, experts = int(pc.get("expert_parallel", 1) or 1), mc.get("num_experts")
+        moe = experts is not None and experts > 1
+        epk = f"parallel_config.expert_parallel = {ep}"
+        if ep > 1:
+            if not moe:
+                self.errors.append(f"{epk}: needs a mixture-of-experts model (model.model_config.num_experts > 1); "
+                                   "set it to 1 for a dense model")
+            if shape.dp % ep:
+                self.errors.append(f"{epk}: must divide parallel_config.data_parallel = {shape.dp} (the expert-parallel "
+                                   "groups are carved out of data parallel)")
+            for active, what, fix in ((shape.pp > 1, f"parallel_config.pipeline_stage = {shape.pp}", "pipeline_stage: 1"),
+                                      (shape.cp > 1, f"parallel_config.context_parallel = {shape.cp}",
+                                       "context_parallel: 1"),
+                                      (shape.sharded_dp, "parallel.enable_parallel_optimizer = True",
+                                       "enable_parallel_optimizer: False")):
+                if active:
+                    self.errors.append(f"{epk} with {what}: expert parallelism does not combine with it yet "
+                                       f"(docs/moe.md, limits); set {fix} or expert_parallel: 1")
+        if not moe or self.errors:
+            return
+        if shape.pp > 1:
+            self.errors.append(f"model.model_config.num_experts = {experts} with parallel_config.pipeline_stage = "
+                               f"{shape.pp}: mixture of experts with pipeline parallelism is not supported yet "
+                               "(the load-balancing loss would have to travel between stages); use pipeline_stage: 1")
+            return
+        from ..models import get_model_spec
+        try:
+            spec = get_model_spec(cfg.model.arch.type)
+            spec.config_class.from_model_config(dict(mc), dict(pc, data_parallel=shape.dp, model_parallel=shape.tp,
+                                                                context_parallel=shape.cp))
+        except ValueError as e:
+            self.errors.append(moe_key_message(str(e)))
 
     # ------------------------------------------------------------------ sizes, model, schedule
     def shape_errors(self, worker_num: int) -> None:
@@ -134,6 +203,7 @@ class _Checks:
             self.pipeline_errors()
         if shape.cp > 1:
             self.context_parallel_errors()
+        self.moe_errors()
         models = registered_models()
         if cfg.model.arch.type not in models:
             errors.append(f"model.arch.type = {cfg.model.arch.type!r}: registered models are {models} "

@@ -100,6 +100,8 @@ SCHEMA = Section({
         "ulysses_degree_in_cp": F("int|null", None, "hybrid: Ulysses group size inside context_parallel.", min=1),
         "context_parallel_load_balance": F("bool", True, "Causal ring load balancing (ours): rank i holds sequence "
                                            "chunks i and 2*cp-1-i; seq_length divisible by 2*cp."),
+        "expert_parallel": F("int", 1, "Expert-parallel size (ep): a MoE model's experts split over ep ranks, "
+                                       "carved out of data_parallel (which it must divide).", min=1),
         "micro_batch_num": F("int", 1, "Micro-batches per step for pipeline parallelism.", min=1),
         "use_seq_parallel": F("bool", False, "Sequence parallelism inside tensor-parallel regions."),
         "vocab_emb_dp": F("bool", True, "Keep the embedding table data-parallel (not split by mp)."),
@@ -166,6 +168,32 @@ SCHEMA = Section({
             "use_flash_attention": F("bool", False, "Fused attention (not on CPU)."),
             "offset": F("int|list[int]", 0, "MindFormers layer split: per-stage adjustments added to "
                                             "num_layers // stages; must sum to num_layers % stages."),
+            # mixture of experts (docs/moe.md): Qwen3-MoE / mcore names; DeepSeek-V3's moe_config maps here
+            "num_experts": F("int|null", None, "Routed experts per MoE layer (null or 1 = dense model).", min=1),
+            "num_experts_per_tok": F("int", 2, "Experts each token is routed to (top-k).", min=1),
+            "moe_intermediate_size": F("int|null", None, "One routed expert's MLP width; null = ffn_hidden_size.",
+                                       min=1),
+            "n_shared_experts": F("int|null", None, "Shared experts (one MLP of n x moe_intermediate_size seen by "
+                                                    "every token).", min=0),
+            "moe_shared_expert_intermediate_size": F("int|null", None, "Shared experts' total width (wins over "
+                                                                       "n_shared_experts).", min=0),
+            "first_k_dense_replace": F("int", 0, "The first k layers keep a dense MLP.", min=0),
+            "scoring_func": F("str", "softmax", "Router scores.", choices=("softmax", "sigmoid")),
+            "norm_topk_prob": F("bool", True, "Renormalize the chosen experts' scores to sum 1."),
+            "routed_scaling_factor": F("float", 1.0, "Factor on the routed experts' weights.", min=0),
+            "n_group": F("int|null", None, "Group-limited routing: expert groups.", min=1),
+            "topk_group": F("int|null", None, "Group-limited routing: groups a token may use.", min=1),
+            "moe_router_enable_expert_bias": F("bool", False, "Aux-loss-free balancing: a selection bias per "
+                                                              "expert, updated after each step."),
+            "moe_router_bias_update_rate": F("float", 0.001, "Step of the expert-bias update.", min=0),
+            "moe_aux_loss_coeff": F("float", 0.0, "Load-balancing loss coefficient (0 = none).", min=0),
+            "moe_router_load_balancing_type": F("str", "seq_aux_loss", "Load-balancing loss: per sequence or over "
+                                                                      "the batch.",
+                                                choices=("seq_aux_loss", "aux_loss", "none")),
+            "moe_expert_capacity_factor": F("float|null", None, "Expert capacity (x the even share); null = "
+                                                                "dropless.", min=0),
+            "moe_token_drop_policy": F("str", "position", "Which rows past the capacity are dropped.",
+                                       choices=("position", "probs")),
         }, "Architecture hyper-parameters."),
     }, "The model."),
     "train_dataset": Section({

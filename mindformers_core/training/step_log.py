@@ -1,7 +1,8 @@
 """What the loop reports per step: the console line (rank 0) and the JSONL loss log.
 
 ``loss.jsonl`` holds one JSON object per step: step, loss, lr, grad_norm, tokens_per_s, step_time_s,
-and ``skipped: true`` for a step the bad-step guard skipped. NaN and inf are not JSON: they are
+and ``skipped: true`` for a step the bad-step guard skipped; a mixture-of-experts model adds ``expert_load``,
+``expert_load_min``/``max`` and ``aux_loss`` (``moe_log.py``). NaN and inf are not JSON: they are
 written as null. A fresh run starts the file anew; a resumed one keeps the steps up to its start.
 """
 from __future__ import annotations
@@ -18,10 +19,11 @@ def json_number(value: float) -> Optional[float]:
 
 class StepLog:
     def __init__(self, path: str, rank: int, start: int, total_steps: int, tokens_per_step: int, print_every: int,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], extra: Optional[Callable[[], Any]] = None):
         self.path, self.rank, self.total_steps = os.path.abspath(path), rank, total_steps
         self.tokens_per_step, self.print_every, self.log = tokens_per_step, print_every, log
         self.start, self.timed, self.timed_steps = start, 0.0, 0   # steps after this session's first (warm-up)
+        self.extra = extra      # () -> (fields for the record, text for the line): the MoE report (moe_log.py)
         if rank == 0:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             kept = []
@@ -43,9 +45,14 @@ class StepLog:
                   "tokens_per_s": self.tokens_per_step / (t2 - t1), "step_time_s": t2 - t0}
         if skipped:
             record["skipped"] = True
+        more = ""
+        if self.extra is not None:
+            fields, more = self.extra()
+            record.update(fields)
+            more = f"  {more}"
         if step % self.print_every == 0 or step == self.total_steps or skipped or not math.isfinite(loss):
             self.log(f"step {step:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  grad_norm {norm:.3f}  "
-                     f"{self.tokens_per_step / (t2 - t1):,.0f} tok/s  ETA {eta:.0f}s"
+                     f"{self.tokens_per_step / (t2 - t1):,.0f} tok/s  ETA {eta:.0f}s" + more
                      + (f"  skipped ({skipped})" if skipped else ""))
         return record
 

@@ -203,7 +203,8 @@ class Trainer:
         steps = StepLog((monitor.get("log_file") if monitor is not None else None)
                         or os.path.join(self.output_dir, "loss.jsonl"), self.rank, start, self.total_steps,
                         self.global_batch * int(cfg.model.model_config.seq_length),
-                        int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1, self.log)
+                        int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1, self.log,
+                        extra=self.built.moe)
         history, batches, last_saved = [], self.inputs.batches(), start
         applied = int(self.optimizer.global_step.asnumpy())   # optimizer steps taken (skipped steps excluded)
         limit, in_a_row = int(cfg.runner_config.get("max_consecutive_skipped_steps", 5)), 0

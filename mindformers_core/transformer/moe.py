@@ -145,6 +145,7 @@ class TopKRouter(nn.Cell):
         # tokens routed to each expert since the last reset (read and reset by the trainer / bias update)
         self.tokens_per_expert = Parameter(Tensor(np.zeros((E,), np.float32)), name="tokens_per_expert",
                                            requires_grad=False)
+        self.forwards = Parameter(Tensor(np.zeros((), np.float32)), name="forwards", requires_grad=False)
 
     def sharding_attrs(self) -> dict:
         return {"num_experts": self.num_experts, "topk": self.topk}
@@ -183,6 +184,7 @@ class TopKRouter(nn.Cell):
                                   ops.zeros((), ms.float32)).sum(1)
         routing_map = ops.depend(routing_map, ops.assign_add(self.tokens_per_expert,
                                                              ops.stop_gradient(routing_map.sum(0))))
+        routing_map = ops.depend(routing_map, ops.assign_add(self.forwards, ops.ones((), ms.float32)))
         return (weights.reshape(lead + (self.topk,)), index.reshape(lead + (self.topk,)),
                 probs.reshape(lead + (self.num_experts,)), routing_map.reshape(lead + (self.num_experts,)))
 
@@ -245,6 +247,29 @@ class RoutingStatistics(nn.Cell):
         return routing_map.mean((0, 1)) * self.load_scale, scores.mean((0, 1))
 
 
+class AuxLossProbe(nn.Cell):
+    """Identity on the load-balancing loss that adds its value to ``aux_sum`` (and 1 to ``forwards``)
+    for the per-step log; one ``identity`` op for the sharding pass (the value it records on a rank is
+    that rank's part: the trainer averages over the ranks)."""
+    sharding_op = "identity"
+    sharding_params = ()
+
+    def __init__(self):
+        super().__init__()
+        self.aux_sum = Parameter(Tensor(np.zeros((), np.float32)), name="aux_sum", requires_grad=False)
+        self.forwards = Parameter(Tensor(np.zeros((), np.float32)), name="forwards", requires_grad=False)
+
+    def sharding_attrs(self) -> dict:
+        return {}
+
+    def shard(self, config):
+        return None, None, None
+
+    def construct(self, x):
+        x = ops.depend(x, ops.assign_add(self.aux_sum, ops.stop_gradient(x).reshape(()).astype(ms.float32)))
+        return ops.depend(x, ops.assign_add(self.forwards, ops.ones((), ms.float32)))
+
+
 class LoadBalancingLoss(nn.Cell):
     """``coeff * sum_e f_e * P_e`` (averaged over sequences for ``seq_aux_loss``)."""
 
@@ -253,13 +278,14 @@ class LoadBalancingLoss(nn.Cell):
         self.statistics = RoutingStatistics(config)
         self.per_sequence = self.statistics.per_sequence
         self.coeff = float(config.moe_aux_loss_coeff)
+        self.probe = AuxLossProbe()
 
     def construct(self, scores, routing_map):
         load, mean_score = self.statistics(scores, routing_map)
         loss = (load * mean_score).sum(-1)
         if self.per_sequence:
             loss = loss.mean()
-        return loss * self.coeff
+        return self.probe(loss * self.coeff)
 
 
 class MoELayer(nn.Cell):

@@ -63,3 +63,22 @@ def run(configs, modes=("pynative", "jit")):
             result[f"{name}/{mode}"] = {"losses": losses, "shards": shards,
                                         "plan": sharding_plan_of(model).explain() if mode == "pynative" else ""}
     return result
+
+
+def run_trainer(yaml, out_root, argv, modes=(1, 0)):
+    """``run_mindformer.main`` with ``argv`` on every worker, once per ``context.mode``; rank 0 returns
+    the ``loss.jsonl`` records of each run."""
+    import json
+    import os
+    import run_mindformer
+    out = {}
+    for mode in modes:
+        target = os.path.join(out_root, f"mode{mode}")
+        code = run_mindformer.main(["--config", yaml, "--output_dir", target, *map(str, argv), "--context.mode",
+                                    str(mode)])
+        if code != 0:
+            raise RuntimeError(f"run_mindformer.main returned {code} (context.mode {mode})")
+        if get_env().rank == 0:
+            with open(os.path.join(target, "loss.jsonl")) as f:
+                out[mode] = [json.loads(line) for line in f]
+    return out
