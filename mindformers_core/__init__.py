@@ -63,6 +63,7 @@ _PUBLIC = {
     "ScheduleInterleaved1F1B": "mindformers_core.pipeline",
     "ScheduleZeroBubbleH1": "mindformers_core.pipeline",
     "ScheduleZeroBubbleV": "mindformers_core.pipeline",
+    "ScheduleDualPipeV": "mindformers_core.pipeline",
     "StageInfo": "mindformers_core.pipeline",
     "build_schedule": "mindformers_core.pipeline",
     "simulate": "mindformers_core.pipeline",

@@ -11,7 +11,7 @@ import mindformers_core
 
 ISSUE_NAMES = ["parallelize", "plan_sharding", "GradientReducer", "Layout", "Shard", "Replicate", "Partial",
                "shard_tensor", "reshard", "hsdp", "apply_recompute", "apply_swap", "PipelineStage",
-               "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleZeroBubbleV", "MetaStep",
+               "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleZeroBubbleV", "ScheduleDualPipeV", "MetaStep",
                "MetaStepType", "TransformerConfig", "GPTModel", "Trainer", "initialize_model_parallel"]
 
 

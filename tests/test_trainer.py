@@ -263,11 +263,10 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
      ["runner_config.batch_size = 'four': must be int (got str)",
       "parallel_config.data_parallel = True: must be int (got bool)"]),
     (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 3,
-         "--parallel.pipeline_config.pipeline_scheduler", "interleaved",
+         "--parallel.pipeline_config.pipeline_scheduler", "dualpipev",
          "--parallel.pipeline_config.pipeline_interleave", 2, "--model.model_config.num_layers", 4],
-     ["parallel.pipeline_config.pipeline_scheduler = 'interleaved' with parallel_config.pipeline_stage 2, "
-      "pipeline_interleave 2, micro_batch_num 3: ScheduleInterleaved1F1B: micro_batch_num=3 must be a multiple of "
-      "the pipeline size pp_size=2"]),
+     ["parallel.pipeline_config.pipeline_scheduler = 'dualpipev' with parallel_config.pipeline_stage 2, "
+      "pipeline_interleave 2, micro_batch_num 3: ScheduleDualPipeV: "]),
     (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2,
          "--parallel.pipeline_config.pipeline_scheduler", "zbv", "--parallel.pipeline_config.pipeline_interleave", 2,
          "--parallel.pipeline_config.layers_per_stage", "[1, 0, 0, 1]", "--model.model_config.tie_word_embeddings",

@@ -56,7 +56,8 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
     pcfg = "parallel.pipeline_config."
     if ok(pcfg + "pipeline_interleave", pcfg + "pipeline_scheduler"):
         vpp, sched = _get(cfg, pcfg + "pipeline_interleave"), _get(cfg, pcfg + "pipeline_scheduler")
-        need, fits = {"interleaved": ("> 1", vpp > 1), "zbv": ("== 2", vpp == 2), "dualpipev": ("== 2", vpp == 2)}.get(sched, ("== 1", vpp == 1))
+        need, fits = {"interleaved": ("> 1", vpp > 1), "zbv": ("== 2", vpp == 2),
+                      "dualpipev": ("== 2", vpp == 2)}.get(sched, ("== 1", vpp == 1))
         if not fits:
             errors.append(f"parallel.pipeline_config.pipeline_interleave = {vpp}: scheduler {sched!r} needs "
                           f"pipeline_interleave {need} (schedulers: {list(PIPELINE_SCHEDULERS)})")

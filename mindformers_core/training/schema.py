@@ -120,7 +120,8 @@ SCHEMA = Section({
                                                "bool here plus model_config.pp_interleave_num; we take the "
                                                "number directly.", min=1),
             "pipeline_scheduler": F("str", "1f1b", "Pipeline schedule. gpipe/1f1b/zb_h1 need "
-                                                   "pipeline_interleave 1, interleaved > 1, zbv exactly 2.",
+                                                   "pipeline_interleave 1, interleaved > 1, zbv and dualpipev "
+                                                   "exactly 2 (dualpipev: micro_batch_num >= 2 x pipeline_stage).",
                                     choices=PIPELINE_SCHEDULERS),
             "layers_per_stage": F("list|str|null", None, "Explicit layer split (ours): layer counts per stage "
                                                           "([3, 5]) or layer ranges (['0-2', '3-7']); 'auto' = "
