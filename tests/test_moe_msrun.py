@@ -28,7 +28,7 @@ MOE_KEYS = ["--model.model_config.num_experts", 4, "--model.model_config.num_exp
             "--model.model_config.moe_intermediate_size", 64, "--model.model_config.n_shared_experts", 1,
             "--model.model_config.first_k_dense_replace", 1, "--model.model_config.moe_aux_loss_coeff", 0.01,
             "--runner_config.max_steps", 3, "--lr_schedule.warmup_steps", 0,
-            "--callbacks", "[{type: MFLossMonitor}]"]
+            "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
 EP2_ARGS = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--parallel_config.expert_parallel", 2,
             "--runner_config.batch_size", 2]
 ASSETS = os.path.join(tempfile.gettempdir(), f"mfc_moe_trainer_{os.getpid()}")
@@ -69,11 +69,12 @@ def test_ep4_ep2xdp2_ep2xtp2(single_process):
 
 def test_trainer_ep2_matches_one_process():
     """run_mindformer.py: ep2 (dp2) on 2 workers = one process, PyNative and jit: losses, expert load and the
-    load-balancing loss of every step."""
+    load-balancing loss of every step; the ep2 checkpoint resumes on one process with the same losses."""
     from tests.bodies.moe_body import run_trainer
     got = TRAINER_EP2.results()[0]
     yaml = TRAINER_EP2.used_kwargs["yaml"]
-    want = run_trainer(yaml, tempfile.mkdtemp(prefix="mfc_moe_one_"), MOE_KEYS + ["--runner_config.batch_size", 4])
+    one = tempfile.mkdtemp(prefix="mfc_moe_one_")
+    want = run_trainer(yaml, one, MOE_KEYS + ["--runner_config.batch_size", 4])
     for mode in (1, 0):
         g, w = got[mode], want[mode]
         assert len(g) == len(w) == 3
@@ -83,3 +84,11 @@ def test_trainer_ep2_matches_one_process():
         np.testing.assert_allclose([r["expert_load"] for r in g], [r["expert_load"] for r in w], atol=1e-3)
         assert w[-1]["loss"] < w[0]["loss"]
         assert sum(w[0]["expert_load"][0]) == 4 * 32 * 2     # every token's 2 choices, per micro-batch
+    # the ep2 checkpoint of step 1 (experts split over 2 ranks) resumes on one process: steps 2 and 3 again
+    ckpt = os.path.join(TRAINER_EP2.used_kwargs["out_root"], "mode1", "checkpoint", "step_1")
+    resumed = run_trainer(yaml, tempfile.mkdtemp(prefix="mfc_moe_resumed_"),
+                    MOE_KEYS + ["--runner_config.batch_size", 4, "--load_checkpoint", ckpt, "--resume_training",
+                                "True"], modes=(1,))[1]
+    assert [r["step"] for r in resumed] == [2, 3]
+    a, b = np.array([r["loss"] for r in resumed]), np.array([r["loss"] for r in got[1][1:]])
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), (a, b)
