@@ -25,7 +25,7 @@ peak of all the runtime's tables (saved inputs, activations and gradients waitin
 allocator's peak (``mindspore.runtime.max_memory_allocated``) is read too; the CPU build reports
 none. Prints tables and writes bench/results/pipeline.json.
 
-    python bench/pipeline.py [--ranks 2] [--mode pynative|jit] [--width 1024] [--layers 8] [--batch 256]
+    python bench/pipeline.py [--ranks 2] [--mode pynative|jit] [--width 1024] [--layers 8] [--batch 256] [--recompute]
 """
 import argparse
 import json
@@ -160,7 +160,8 @@ def _bwd_ms(mean):
 
 
 def print_tables(args, table, baseline):
-    print(f"mode={args.mode} width={args.width} layers={args.layers} batch={args.batch}, {args.ranks} ranks; "
+    print(f"mode={args.mode} width={args.width} layers={args.layers} batch={args.batch}, {args.ranks} ranks, "
+          f"recompute={args.recompute}; "
           f"single process {baseline * 1e3:.1f} ms/step")
     head = (f"{'schedule':<12}{'m':>3}{'ms/step':>9}{'vs 1 proc':>10}{'bubble':>8}{'wall':>7}{'sim F/B':>8}"
             f"{'sim trace':>10}{'meas-trace':>11}{'+p2p':>6}{'gaps':>6}{'F ms':>7}{'B ms':>7}{'p2p ms':>7}")
@@ -203,6 +204,8 @@ def main():
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU kernel threads per worker (MindSpore's default is 25)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="PipelineStage(recompute=True): the backward runs the stage forward again")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "pipeline.json"))
     args = parser.parse_args()
     if args.layers % (2 * args.ranks):
@@ -210,7 +213,8 @@ def main():
                      "for the interleaved and V schedules)")
     rows = run_msrun("bench.pipeline_body:run", args.ranks, timeout=1800, kwargs={
         "schedules": args.schedules, "micro_batch_nums": args.micro, "mode": args.mode, "steps": args.steps,
-        "width": args.width, "layers": args.layers, "batch": args.batch, "threads": args.threads})
+        "width": args.width, "layers": args.layers, "batch": args.batch, "threads": args.threads,
+        "recompute": args.recompute})
     baseline = single_process_step(args.width, args.layers, args.batch, args.mode)
     table = [analyse([r[i] for r in rows], baseline) for i in range(len(rows[0]))]
     print_tables(args, table, baseline)

@@ -29,7 +29,8 @@ def data(batch, width):
             Tensor(rng.standard_normal((batch, width)).astype(np.float32)))
 
 
-def run(schedules, micro_batch_nums, mode, width, layers, batch, warmup=1, steps=3, threads=None):
+def run(schedules, micro_batch_nums, mode, width, layers, batch, warmup=1, steps=3, threads=None,
+        recompute=False):
     if threads:
         ms.device_context.cpu.op_tuning.threads_num(threads)
     env = get_env()
@@ -44,7 +45,8 @@ def run(schedules, micro_batch_nums, mode, width, layers, batch, warmup=1, steps
             per_stage = layers // stage_num
             infos = pp.stages_of_rank(env.rank, pp_size, per_rank, placement)
             stages = [PipelineStage(nn.SequentialCell(blocks[i.stage_index * per_stage:(i.stage_index + 1) * per_stage]),
-                                    i.stage_index, stage_num, loss_fn=mse) for i in infos]
+                                    i.stage_index, stage_num, loss_fn=mse, recompute=recompute)
+                      for i in infos]
             sched = cls(stages[0], m) if per_rank == 1 else cls(stages, m)
             held = {st.stage_index for st in stages}
             args = (x if 0 in held else None, y if stage_num - 1 in held else None)

@@ -21,7 +21,10 @@ microbatches in flight) and are consumed in any order. The activations of a micr
 its FWD to its BWD (or BWD_INPUT: a split backward computes input and weight gradients in one pass
 at BWD_INPUT and BWD_WEIGHT then has nothing left to compute). MindSpore 2.10's ``ms.vjp`` cannot
 do this: it records with a nesting order that only finds the latest outstanding record ("Can not
-find top cell for backward" for any other).
+find top cell for backward" for any other). Under jit, a stage holding a custom backward (a Cell
+``bprop``: every collective of ``distributed.comm``, sharding's redistributions, i.e. tensor-parallel
+stages) keeps the recomputing backward below, with a warning: MindSpore 2.10 fails to compile a
+PyNative gradient through a compiled graph that holds one (``has_custom_backward``).
 
 Recompute (``PipelineStage(..., recompute=True)``): only the stage input is kept, and the backward
 is a gradient function that runs the stage forward again from it (split backward: separate
@@ -41,6 +44,7 @@ Without recompute the backward uses the masks its forward drew (they are in the 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -148,6 +152,25 @@ class _Tape:
             _pynative_executor.clear_res()
 
 
+# MindSpore 2.10: a PyNative gradient through an ``ms.jit`` graph (ast capture) that contains a custom
+# backward -- a Cell ``bprop`` or a ``_Function``, i.e. every collective of distributed.comm and the
+# redistributions of sharding -- fails to compile: "TypeError: The parameters number of the function
+# is 2, but the number of provided arguments is 1." (PyNative without jit, and GradOperation inside
+# the jit graph, work). Such stages keep the recomputing backward under jit.
+_JIT_RECORD_FAILURE = "The parameters number of the function is"
+
+
+def has_custom_backward(cell: nn.Cell) -> bool:
+    """True when ``cell`` or a Cell inside it defines ``bprop``."""
+    return any(hasattr(type(c), "bprop") for _, c in cell.cells_and_names())
+
+
+def _jit_recompute_warning(stage_index: int, why: str) -> None:
+    warnings.warn(f"pipeline stage {stage_index}, mode='jit': {why}; MindSpore 2.10 cannot take a PyNative "
+                  "gradient through a compiled graph holding a custom backward, so this stage recomputes its "
+                  "forward in the backward (mode='pynative' keeps the forward's record)", RuntimeWarning, stacklevel=4)
+
+
 class PipelineStage:
     """A stage's Cell, its index, the stage count and the global rank of every pipeline rank.
 
@@ -195,6 +218,25 @@ class PipelineStage:
         self.params = ParameterTuple(cell.trainable_params())
         self.grads: Optional[Tuple[Tensor, ...]] = None
         self._fns: Dict[Tuple[str, str], Any] = {}
+        self._jit_recompute: Optional[bool] = None   # decided at the first jit run (see recomputes)
+
+    def recomputes(self, mode: str) -> bool:
+        """Whether this stage's backward runs its forward again in ``mode``: ``recompute=True``, or
+        under jit a stage holding a custom backward (a collective), see ``has_custom_backward``."""
+        if self.recompute:
+            return True
+        if mode != "jit" or self.compiled_inside:
+            return False
+        if self._jit_recompute is None:
+            self._jit_recompute = has_custom_backward(self.cell)
+            if self._jit_recompute:
+                _jit_recompute_warning(self.stage_index, "it holds Cells with a custom bprop (collectives)")
+        return self._jit_recompute
+
+    def jit_record_failed(self) -> None:
+        """The compiled forward could not be recorded (a ``_Function`` inside): recompute from now on."""
+        self._jit_recompute = True
+        _jit_recompute_warning(self.stage_index, "its compiled forward could not be recorded for the gradient")
 
     def delegate_dp_reduction(self, owner) -> None:
         """``owner`` (e.g. hsdp) reduces this stage's gradients and loss over ``dp_group`` itself,
@@ -288,14 +330,17 @@ def _nbytes(x) -> int:
 class MemoryStats:
     """What a run of the runtime held on this rank, peak over the run's steps.
 
-    * ``peak_microbatches[stage]`` / ``peak_bytes[stage]``: stage inputs saved for the backward
-      (received activations, or the microbatch on stage 0; not labels), from the FWD until the BWD
-      or BWD_WEIGHT that frees them -- the unit of the simulator's ``peak_until_weight_grad``, per
-      stage; ``peak_rank_microbatches``: all stages of this rank at once (that simulator figure).
+    * ``peak_microbatches[stage]`` / ``peak_bytes[stage]``: microbatches held for the backward and
+      their stage inputs' bytes (received activations, or the microbatch on stage 0; not labels).
+      Without recompute a microbatch is held from its FWD until its BWD or BWD_INPUT (the forward's
+      autograd record: the simulator's ``peak_in_flight``); with recompute its stage input is held
+      until BWD or BWD_WEIGHT (the simulator's ``peak_until_weight_grad``).
+      ``peak_rank_microbatches``: all stages of this rank at once.
     * ``peak_table_bytes``: every distinct tensor in the runtime's tables at once (saved inputs and
       labels, activations waiting to be sent or handed off, gradients waiting to be sent or used).
-    Activations inside a stage exist only during one FWD or BWD step (the backward recomputes
-    them) and are not counted here."""
+    Without recompute the record also holds the activations inside the stage that its backward
+    needs (MindSpore keeps them; their bytes are not counted here, and the CPU build has no
+    allocator statistics); with recompute they exist only during one FWD or BWD step."""
 
     def __init__(self, stages) -> None:
         self.live_microbatches = {s: 0 for s in stages}
@@ -340,18 +385,29 @@ class PipelineRuntime:
                 raise TypeError(f"PipelineRuntime: stage {st!r} is not a PipelineStage (a schedule built "
                                 "from StageInfo can be validated and simulated, not run)")
         self.schedule, self.mode, self.stages = schedule, mode, stages
-        if mode == "jit" and any(st.recompute for st in stages.values()):
-            _warn_if_jit_cannot_replay([st for st in schedule.local_order if stages[st.stage_index].recompute])
+        if mode == "jit" and any(st.recomputes(mode) for st in stages.values()):
+            _warn_if_jit_cannot_replay([st for st in schedule.local_order
+                                        if stages[st.stage_index].recomputes(mode)])
         pp_ranks = next(iter(stages.values())).pp_ranks
         self.pp_ranks = pp_ranks if pp_ranks is not None else list(range(get_env().world_size))
         if len(self.pp_ranks) != schedule.pp_size:
             raise ValueError(f"PipelineRuntime: pp_ranks={self.pp_ranks} has {len(self.pp_ranks)} ranks "
                              f"but the schedule has pp_size={schedule.pp_size}")
         self._boundary: Dict[int, Tuple[Tuple[int, ...], Any]] = {}  # stage -> (output shape, dtype)
+        self._pending = None   # the last transfer issued: (its result, what, peer rank)
+        # MFC_PIPELINE_SYNC_TRANSFERS=1: wait for every transfer on the host (the runtime before
+        # issue 20; for benchmarks comparing the two)
+        self.sync_transfers = os.environ.get("MFC_PIPELINE_SYNC_TRANSFERS", "0") == "1"
         # set ``record = True`` to time every step of the next runs into ``trace`` as
         # (MetaStep, start, end) in seconds; compute steps then synchronise (for benchmarks)
         self.record = False
         self.trace: List[Tuple[MetaStep, float, float]] = []
+        # MFC_PIPELINE_TRACE=<prefix>: record every run and append it to <prefix>.rank<r>.jsonl as
+        # {"start", "end", "steps": [[type, micro, stage, start, end], ...]} (perf_counter seconds;
+        # bench/trainer.py's per-step breakdown reads it)
+        self.trace_file = os.environ.get("MFC_PIPELINE_TRACE") or None
+        if self.trace_file:
+            self.record = True
         self.memory = MemoryStats(sorted(stages))
         # seconds a send/recv may block before the watchdog reports the stalled peer and ends
         # this process (a rank blocked inside a collective cannot be interrupted from Python)
@@ -370,8 +426,10 @@ class PipelineRuntime:
                 meta[0] = len(x.shape)
                 meta[1:1 + len(x.shape)] = x.shape
                 meta[-1] = _DTYPES.index(x.dtype)
-                comm.send(Tensor(meta), dst).asnumpy()
-            comm.send(x, dst).asnumpy()
+                comm.send(Tensor(meta), dst)
+            self._pending = (comm.send(x, dst), what, dst)   # no host sync: the run waits once at its end
+            if self.sync_transfers:
+                self._pending[0].asnumpy()
 
     def _recv(self, from_stage: int, like_shape=None, dtype=None, what: str = "tensor", to_stage: int = -1):
         src = self._rank_of(from_stage)
@@ -383,7 +441,9 @@ class PipelineRuntime:
                 like_shape, dtype = tuple(int(d) for d in meta[1:1 + ndim]), _DTYPES[int(meta[-1])]
                 self._boundary[from_stage] = (like_shape, dtype)
             out = comm.recv(ops.zeros(like_shape, dtype), src)
-            out.asnumpy()
+            if self.sync_transfers:
+                out.asnumpy()
+        self._pending = (out, what, src)   # no host sync: the step using ``out`` waits for it
         return out
 
     def _check_boundary(self, stage: int, x) -> bool:
@@ -430,12 +490,14 @@ class PipelineRuntime:
             # zeros_like was measured to return the pre-shrink shape under msrun (vocab-parallel embedding)
             shapes = st.weight_shapes or tuple(tuple(p.shape) for p in st.params)
             st.grads = tuple(ops.zeros(shape, p.dtype) for shape, p in zip(shapes, st.params))
+        run_start, first = time.perf_counter(), len(self.trace)
         try:
             for step in self.schedule.local_order:
                 start = time.perf_counter() if self.record else 0.0
                 done = self._execute(step, xs, ys, acts, grads, saved, losses, m)
-                if self.record:
-                    self._sync(done)
+                if self.record:   # wait for the step's own result (a transfer's too) to time it
+                    self._sync(done if done is not None or not step.type.is_p2p or self._pending is None
+                               else self._pending[0])
                     self.trace.append((step, start, time.perf_counter()))
                 memory.tables(acts, grads, saved)
         except BaseException:
@@ -444,8 +506,31 @@ class PipelineRuntime:
                 if tape is not None:
                     tape.discard()
             raise
+        self._wait_for_transfers()
         loss = sum(losses[1:], losses[0]) if losses else None
-        return self._average_over_replicas(loss)
+        loss = self._average_over_replicas(loss)
+        if self.trace_file:
+            self._write_trace(run_start, first)
+        return loss
+
+    def _write_trace(self, run_start: float, first: int) -> None:
+        """Append this run's steps to the trace file (and drop them from ``trace``)."""
+        steps = self.trace[first:]
+        del self.trace[first:]
+        row = {"start": run_start, "end": time.perf_counter(),
+               "steps": [[st.type.name, st.micro_index, st.stage_index, a, b] for st, a, b in steps]}
+        with open(f"{self.trace_file}.rank{get_env().rank}.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _wait_for_transfers(self) -> None:
+        """One host sync per run, on its last transfer (collectives complete in issue order): a
+        stalled peer is reported here by the watchdog instead of blocking a later, unguarded call."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            out, what, peer = pending
+            with Watchdog(self.timeout, f"rank {get_env().rank} waiting for this step's transfers to finish "
+                                        f"(the last one: {what}, peer rank {peer})"):
+                out.asnumpy()
 
     @staticmethod
     def _sync(done) -> None:
@@ -465,12 +550,18 @@ class PipelineRuntime:
             self.memory.save(s, nbytes)
             if stage.is_last:
                 args = args + (ys[mb],)
-            if stage.recompute:
+            out = None
+            if not stage.recomputes(self.mode):   # recorded: the backward uses this forward's record
+                try:
+                    out, args = stage.compiled("tape", self.mode, m).forward(args)
+                    saved[(mb, s)] = (args, None, nbytes)   # args: the record's key
+                except TypeError as e:
+                    if self.mode != "jit" or _JIT_RECORD_FAILURE not in str(e):
+                        raise
+                    stage.jit_record_failed()
+            if stage.recomputes(self.mode):
                 saved[(mb, s)] = (args, rng_snapshot(), nbytes)   # the backward replays this random state
                 out = stage.compiled("forward", self.mode, m)(*args)
-            else:   # recorded: the backward uses this forward's record (args: the record's key)
-                out, args = stage.compiled("tape", self.mode, m).forward(args)
-                saved[(mb, s)] = (args, None, nbytes)
             if stage.is_last:
                 losses.append(out)
             acts[(mb, s)] = out
@@ -511,7 +602,8 @@ class PipelineRuntime:
         return grads[(mb, s + 1)]
 
     def _backward(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
-        if not stage.recompute:
+        entry = saved.get((step.micro_index, step.stage_index))
+        if entry is None or entry[1] is None:   # no random state kept: a recorded forward (or its BWD_WEIGHT)
             return self._backward_recorded(step, stage, saved, acts, grads, m)
         mb, s, t = step.micro_index, step.stage_index, step.type
         args, rng_state, nbytes = saved[(mb, s)]

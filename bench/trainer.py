@@ -1,0 +1,473 @@
+"""The real trainer (``run_mindformer.py`` through ``scripts/msrun_launcher.sh``) on 1, 2 and 4 CPU
+workers, in jit and PyNative, against one process of the same config and a plain-MindSpore model.
+
+Sizes (issue 20's reference): Llama decoder, hidden 256, 4 layers, 4 heads, FFN 1024, seq 128,
+vocab 1024, global batch 8, AdamW, fp32. Configurations:
+
+* ``1proc``: one process (the launcher runs plain python);
+* ``dp2`` / ``tp2``: 2 workers;  ``pp2``: 2 stages, 1F1B, 4 microbatches;  ``pp2_zbv``: ZBV (2 stages per
+  rank, 4 microbatches);  ``dp2tp2``: 4 workers;
+* ``plain``: the same Llama written here in plain MindSpore (``nn.Dense``, ``nn.AdamWeightDecay``, no
+  mindformers_core) on one process: the overhead ratio of ``1proc`` against it.
+
+Per row: median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
+data wait + compute), the ratio to ``1proc`` of the same mode, tokens/s, the peak RSS of each rank
+(VmHWM sampled from /proc while the job runs) and the per-step times. For pipeline rows the
+runtime records every step (``MFC_PIPELINE_TRACE``: a host sync after each compute step and
+transfer) and a breakdown per pipeline step is printed: forward and backward compute, transfer
+(both ranks there), waiting for the peer, Python between steps inside the schedule run, and
+outside it (optimizer update, loss sharing, data, logging). ``--no-trace`` leaves the runtime
+unrecorded. Writes bench/results/trainer.json (or ``--out``).
+
+    python bench/trainer.py [--configs 1proc dp2 tp2 pp2 pp2_zbv dp2tp2 plain] [--modes jit pynative]
+                            [--steps 10] [--warmup 2] [--threads N] [--no-trace]
+
+The machine these figures come from has 2 cores: run subsets (``--configs pp2 --modes jit --steps 8``).
+``--threads N`` caps each worker's CPU kernel thread pool (MindSpore's default is 25) and
+``--runtime-threads N`` its runtime_num_threads: the trainer has no setting for either, so the
+workers then run run_mindformer.py through a small wrapper written next to the assets.
+"""
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+HIDDEN, LAYERS, HEADS, FFN, SEQ, VOCAB, GLOBAL_BATCH = 256, 4, 4, 1024, 128, 1024, 8
+PAR = ["--use_parallel", "True"]
+PP2 = PAR + ["--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 4]
+CONFIGS = {   # name -> (workers, flags)
+    "1proc": (1, []),
+    "dp2": (2, PAR + ["--parallel_config.data_parallel", 2]),
+    "tp2": (2, PAR + ["--parallel_config.model_parallel", 2]),
+    "pp2": (2, PP2),
+    "pp2_zbv": (2, PP2 + ["--parallel.pipeline_config.pipeline_interleave", 2,
+                          "--parallel.pipeline_config.pipeline_scheduler", "zbv"]),
+    "dp2tp2": (4, PAR + ["--parallel_config.data_parallel", 2, "--parallel_config.model_parallel", 2]),
+    "plain": (1, None),
+}
+DP = {"dp2": 2, "dp2tp2": 2}
+
+
+# ---- assets -----------------------------------------------------------------------------------------
+def assets(root: str) -> dict:
+    """Corpus, tokenizer and the YAML of the reference sizes under ``root`` (built once)."""
+    import yaml
+    from mindformers_core.data.corpus import build_corpus
+    from mindformers_core.data.tokenizer import train_tokenizer
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    corpus = os.path.join(root, "data", "corpus.txt")
+    tok = os.path.join(root, "tok.model")
+    if not os.path.exists(tok):
+        build_corpus(corpus, max_bytes=400_000)
+        tok = train_tokenizer([corpus], os.path.join(root, "tok"), VOCAB)
+    with open(os.path.join(ROOT, "configs", "llama_tiny.yaml")) as f:
+        raw = yaml.safe_load(f)
+    raw["model"]["model_config"].update(num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=FFN,
+                                        num_heads=HEADS, n_kv_heads=HEADS, seq_length=SEQ, vocab_size=VOCAB)
+    raw["train_dataset"].update(dataset_dir=corpus, tokenizer_file=tok)
+    raw["runner_config"].update(batch_size=GLOBAL_BATCH, epochs=100)
+    raw["lr_schedule"].update(warmup_steps=0)
+    raw["callbacks"] = [{"type": "MFLossMonitor", "per_print_times": 1}]
+    path = os.path.join(root, "bench_trainer.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f)
+    return {"yaml": path, "corpus": corpus, "tokenizer": tok, "capped": capped_script(root)}
+
+
+# ---- peak RSS of a process tree -----------------------------------------------------------------------
+class RssWatch:
+    """Samples VmHWM (peak resident set) of every process under ``pid`` whose command line runs
+    ``marker``, every ``period`` seconds; keyed by the rank in its environment (RANK_ID), else pid."""
+
+    def __init__(self, pid: int, marker: str, period: float = 0.5):
+        self.pid, self.marker, self.period = pid, marker, period
+        self.peak = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _children(self):
+        out, todo = [], [self.pid]
+        while todo:
+            p = todo.pop()
+            try:
+                with open(f"/proc/{p}/task/{p}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                kids = []
+            out += kids
+            todo += kids
+        return out
+
+    def _loop(self):
+        while not self.stop.is_set():
+            for p in [self.pid] + self._children():
+                try:
+                    with open(f"/proc/{p}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    if self.marker not in cmd:
+                        continue
+                    with open(f"/proc/{p}/environ", "rb") as f:
+                        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+                    if env.get(b"MS_ROLE") == b"MS_SCHED":
+                        continue
+                    rank = env.get(b"RANK_ID", env.get(b"MS_NODE_ID", str(p).encode())).decode()
+                    with open(f"/proc/{p}/status") as f:
+                        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+                    self.peak[rank] = max(self.peak.get(rank, 0), hwm * 1024)
+                except (OSError, StopIteration, ValueError):
+                    continue
+            self.stop.wait(self.period)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        return {k: self.peak[k] for k in sorted(self.peak, key=lambda r: (len(r), r))}
+
+
+# ---- one trainer job --------------------------------------------------------------------------------
+def free_port() -> int:
+    from mindformers_core.testing import free_port as fp
+    return fp()
+
+
+CAPPED = """# written by bench/trainer.py: run_mindformer.py with MindSpore's CPU thread pools capped
+import os, runpy, sys
+import mindspore as ms
+if os.environ.get("MFC_CPU_THREADS"):
+    ms.device_context.cpu.op_tuning.threads_num(int(os.environ["MFC_CPU_THREADS"]))
+if os.environ.get("MFC_RUNTIME_THREADS"):
+    ms.set_context(runtime_num_threads=int(os.environ["MFC_RUNTIME_THREADS"]))
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def capped_script(root: str) -> str:
+    """A script running run_mindformer.py with the kernel / runtime thread pools capped from the
+    environment (the trainer has no setting for MindSpore's CPU kernel threads)."""
+    path = os.path.join(root, "run_mindformer_capped.py")
+    with open(path, "w") as f:
+        f.write(CAPPED.format(script=os.path.join(ROOT, "run_mindformer.py")))
+    return path
+
+
+def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=900, runtime_threads=0,
+            sync_transfers=False):
+    out_dir = tempfile.mkdtemp(prefix=f"bench_trainer_{name}_{mode}_")
+    script = "run_mindformer.py" if not (threads or runtime_threads) else paths["capped"]
+    argv = [script, "--config", paths["yaml"], "--output_dir", out_dir, "--mode",
+            0 if mode == "jit" else 1, "--runner_config.max_steps", steps,
+            "--runner_config.batch_size", GLOBAL_BATCH // DP.get(name, 1), *flags]
+    env = dict(os.environ)
+    env.pop("MFC_PIPELINE_TRACE", None)
+    if sync_transfers:
+        env["MFC_PIPELINE_SYNC_TRANSFERS"] = "1"
+    prefix = os.path.join(out_dir, "pipeline_trace")
+    if trace:
+        env["MFC_PIPELINE_TRACE"] = prefix
+    if threads:
+        env["MFC_CPU_THREADS"] = str(threads)
+    if runtime_threads:
+        env["MFC_RUNTIME_THREADS"] = str(runtime_threads)
+    command = " ".join(shlex.quote(str(a)) for a in argv)
+    proc = subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "msrun_launcher.sh"), command, str(workers),
+                             str(free_port()), os.path.join(out_dir, "msrun_log"), "True", str(timeout)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    watch = RssWatch(proc.pid, "run_mindformer")
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        output += f"\nkilled after {timeout} s"
+    rss = watch.finish()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} {mode}: exit {proc.returncode}\n{output[-4000:]}")
+    with open(os.path.join(out_dir, "loss.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    traces = {}
+    for r in range(workers):
+        path = f"{prefix}.rank{r}.jsonl"
+        if os.path.exists(path):
+            with open(path) as f:
+                traces[r] = [json.loads(line) for line in f if line.strip()]
+    return {"step_times": [r["step_time_s"] for r in records], "losses": [r["loss"] for r in records],
+            "rss": rss, "traces": traces, "output_dir": out_dir}
+
+
+# ---- plain MindSpore: the same Llama without mindformers_core ---------------------------------------------
+def plain_worker(mode: str, steps: int, threads: int) -> None:
+    """Runs in a child process: prints one JSON line with the step times."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, ops, Tensor, Parameter
+    if threads:
+        ms.device_context.cpu.op_tuning.threads_num(threads)
+    ms.set_seed(0)
+    head_dim = HIDDEN // HEADS
+
+    class RMSNorm(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.weight = Parameter(Tensor(np.ones((HIDDEN,), np.float32)), name="weight")
+
+        def construct(self, x):
+            return x * ops.rsqrt((x * x).mean(-1, keep_dims=True) + 1e-5) * self.weight
+
+    def rope_tables():
+        inv = 1.0 / (10000.0 ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+        freqs = np.outer(np.arange(SEQ, dtype=np.float32), inv)
+        emb = np.concatenate([freqs, freqs], -1)
+        return Tensor(np.cos(emb)), Tensor(np.sin(emb))
+
+    class Layer(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = RMSNorm(), RMSNorm()
+            self.q, self.k, self.v, self.o = (nn.Dense(HIDDEN, HIDDEN, has_bias=False) for _ in range(4))
+            self.gate, self.up = nn.Dense(HIDDEN, FFN, has_bias=False), nn.Dense(HIDDEN, FFN, has_bias=False)
+            self.down = nn.Dense(FFN, HIDDEN, has_bias=False)
+            self.cos, self.sin = rope_tables()
+            self.mask = Tensor(np.triu(np.full((SEQ, SEQ), -1e9, np.float32), 1))
+            self.scale = 1.0 / float(np.sqrt(head_dim))
+
+        def rotate(self, x):
+            half = head_dim // 2
+            rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
+            return x * self.cos + rotated * self.sin
+
+        def construct(self, x):
+            b, s, _ = x.shape
+            h = self.norm1(x)
+            q = self.q(h).reshape(b, s, HEADS, head_dim).transpose(0, 2, 1, 3)
+            k = self.k(h).reshape(b, s, HEADS, head_dim).transpose(0, 2, 1, 3)
+            v = self.v(h).reshape(b, s, HEADS, head_dim).transpose(0, 2, 1, 3)
+            q, k = self.rotate(q), self.rotate(k)
+            scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + self.mask
+            att = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, s, HIDDEN)
+            x = x + self.o(att)
+            h = self.norm2(x)
+            return x + self.down(ops.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, HIDDEN)
+            self.layers = nn.CellList([Layer() for _ in range(LAYERS)])
+            self.norm = RMSNorm()
+            self.head = nn.Dense(HIDDEN, VOCAB, has_bias=False)
+            self.loss = nn.CrossEntropyLoss()
+
+        def construct(self, ids, labels):
+            x = self.embed(ids)
+            for layer in self.layers:
+                x = layer(x)
+            logits = self.head(self.norm(x))
+            return self.loss(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+    net = Llama()
+    opt = nn.AdamWeightDecay(net.trainable_params(), 1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+
+    def step(ids, labels):
+        loss, grads = grad_fn(ids, labels)
+        opt(grads)
+        return loss
+    step = ms.jit(step) if mode == "jit" else step
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(steps):
+        ids = Tensor(rng.integers(0, VOCAB, (GLOBAL_BATCH, SEQ)).astype(np.int32))
+        labels = Tensor(rng.integers(0, VOCAB, (GLOBAL_BATCH, SEQ)).astype(np.int32))
+        t0 = time.perf_counter()
+        float(step(ids, labels).asnumpy())
+        times.append(time.perf_counter() - t0)
+    n_params = sum(int(np.prod(p.shape)) for p in net.trainable_params())
+    print("PLAIN_RESULT " + json.dumps({"step_times": times, "params": n_params}), flush=True)
+
+
+def run_plain(mode, steps, threads, timeout=900):
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--plain-worker", mode, "--steps", str(steps),
+                             "--threads", str(threads or 0)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    watch = RssWatch(proc.pid, "--plain-worker")
+    output, _ = proc.communicate(timeout=timeout)
+    rss = watch.finish()
+    line = next((ln for ln in output.splitlines() if ln.startswith("PLAIN_RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"plain {mode}: exit {proc.returncode}\n{output[-4000:]}")
+    result = json.loads(line[len("PLAIN_RESULT "):])
+    return {"step_times": result["step_times"], "params": result["params"], "rss": rss, "traces": {}}
+
+
+# ---- pipeline breakdown -----------------------------------------------------------------------------
+COMPUTE = {"FWD": "forward", "BWD": "backward", "BWD_INPUT": "backward", "BWD_WEIGHT": "backward"}
+
+
+def breakdown(traces, step_times, warmup):
+    """Per rank, median over the timed steps of: forward, backward, transfer, wait, python (inside
+    the schedule run, between steps), outside (step time - run span) in seconds."""
+    runs = {r: rows[warmup:] for r, rows in traces.items()}
+    n = min(len(v) for v in runs.values()) if runs else 0
+    per_rank = {}
+    for r, rows in runs.items():
+        parts = {k: [] for k in ("forward", "backward", "transfer", "wait", "python", "outside", "run")}
+        for i in range(n):
+            row = rows[i]
+            sums = dict.fromkeys(parts, 0.0)
+            for kind, mb, stage, a, b in row["steps"]:
+                if kind in COMPUTE:
+                    sums[COMPUTE[kind]] += b - a
+                elif kind.endswith(("SEND", "RECV")):
+                    peer = _peer_start(runs, r, i, kind, mb, stage)
+                    wait = max(0.0, min(b, peer) - a) if peer is not None else 0.0
+                    sums["wait"] += wait
+                    sums["transfer"] += (b - a) - wait
+            inside = sum(b - a for _, _, _, a, b in row["steps"])
+            span = row["end"] - row["start"]
+            sums["python"] = span - inside
+            sums["run"] = span
+            step = step_times[warmup + i] if warmup + i < len(step_times) else span
+            sums["outside"] = max(0.0, step - span)
+            for k, v in sums.items():
+                parts[k].append(v)
+        per_rank[r] = {k: statistics.median(v) for k, v in parts.items() if v}
+    return per_rank
+
+
+_PEER = {"FWD_SEND": ("FWD_RECV", 1), "FWD_RECV": ("FWD_SEND", -1), "BWD_SEND": ("BWD_RECV", -1),
+         "BWD_RECV": ("BWD_SEND", 1)}
+
+
+def _peer_start(runs, rank, i, kind, mb, stage):
+    """Start of the matching transfer step on the other rank in run ``i`` (None if not recorded)."""
+    other, _ = _PEER[kind]
+    for r, rows in runs.items():
+        if r == rank or i >= len(rows):
+            continue
+        for k, m, s, a, b in rows[i]["steps"]:
+            if k == other and m == mb and _matches(kind, stage, s):
+                return a
+    return None
+
+
+def _matches(kind, stage, other_stage):
+    if kind == "FWD_SEND":
+        return other_stage == stage + 1
+    if kind == "FWD_RECV":
+        return other_stage == stage - 1
+    if kind == "BWD_SEND":
+        return other_stage == stage - 1
+    return other_stage == stage + 1
+
+
+# ---- table ------------------------------------------------------------------------------------------
+def summarise(name, mode, result, warmup):
+    times = result["step_times"]
+    timed = times[warmup:] or times
+    med = statistics.median(timed)
+    row = {"config": name, "mode": mode, "workers": CONFIGS[name][0], "median_s": med,
+           "tokens_per_s": GLOBAL_BATCH * SEQ / med, "step_times": times,
+           "peak_rss_mb": {r: v / 2 ** 20 for r, v in result["rss"].items()}}
+    if result.get("traces"):
+        row["breakdown_s"] = breakdown(result["traces"], times, warmup)
+    if "params" in result:
+        row["params"] = result["params"]
+    if "losses" in result:
+        row["losses"] = result["losses"]
+    return row
+
+
+def print_table(rows):
+    base = {r["mode"]: r["median_s"] for r in rows if r["config"] == "1proc"}
+    plain = {r["mode"]: r["median_s"] for r in rows if r["config"] == "plain"}
+    head = f"{'config':<9}{'mode':<9}{'ranks':>6}{'s/step':>8}{'vs 1proc':>9}{'tokens/s':>9}  {'peak RSS MB per rank':<26}step times (s)"
+    print(head)
+    print("-" * (len(head) + 20))
+    for r in rows:
+        ratio = r["median_s"] / base[r["mode"]] if r["mode"] in base else float("nan")
+        r["ratio_to_1proc"] = ratio
+        rss = " ".join(f"{v:.0f}" for v in r["peak_rss_mb"].values())
+        steps = " ".join(f"{t:.2f}" for t in r["step_times"])
+        print(f"{r['config']:<9}{r['mode']:<9}{r['workers']:>6}{r['median_s']:>8.3f}{ratio:>8.2f}x{r['tokens_per_s']:>9.0f}"
+              f"  {rss:<26}{steps}")
+    for mode in base:
+        if mode in plain:
+            print(f"overhead {mode}: 1proc / plain MindSpore = {base[mode] / plain[mode]:.2f}x")
+    pp = [r for r in rows if r.get("breakdown_s")]
+    if pp:
+        print()
+        print("pipeline step breakdown (median over timed steps, ms; transfer = both ranks in the transfer, wait = "
+              "for the peer to get there, python = inside the schedule run between steps, outside = the rest of the "
+              "step: optimizer, loss sharing, data, logging)")
+        head = f"{'config':<9}{'mode':<9}{'rank':>5}{'step':>8}{'forward':>9}{'backward':>9}{'transfer':>9}{'wait':>8}{'python':>8}{'outside':>8}"
+        print(head)
+        print("-" * len(head))
+        for r in pp:
+            for rank, b in r["breakdown_s"].items():
+                print(f"{r['config']:<9}{r['mode']:<9}{rank:>5}{r['median_s'] * 1e3:>8.0f}{b['forward'] * 1e3:>9.0f}"
+                      f"{b['backward'] * 1e3:>9.0f}{b['transfer'] * 1e3:>9.0f}{b['wait'] * 1e3:>8.0f}"
+                      f"{b['python'] * 1e3:>8.0f}{b['outside'] * 1e3:>8.0f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--modes", nargs="+", default=["jit", "pynative"], choices=["jit", "pynative"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
+    parser.add_argument("--threads", type=int, default=0, help="CPU kernel threads per worker (0: MindSpore's default)")
+    parser.add_argument("--runtime-threads", type=int, default=0,
+                        help="MindSpore runtime_num_threads per worker (0: MindSpore's default)")
+    parser.add_argument("--sync-transfers", action="store_true",
+                        help="MFC_PIPELINE_SYNC_TRANSFERS=1: a host sync after every pipeline transfer (as before)")
+    parser.add_argument("--no-trace", action="store_true", help="pipeline rows without the step recording")
+    parser.add_argument("--assets", default=os.path.join(ROOT, "bench", "results", "trainer_assets"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "trainer.json"))
+    parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_worker:
+        plain_worker(args.plain_worker, args.steps, args.threads)
+        return
+    if args.steps <= args.warmup:
+        parser.error(f"--steps={args.steps} must exceed --warmup={args.warmup}")
+    paths = assets(args.assets)
+    rows = []
+    for mode in args.modes:
+        for name in args.configs:
+            workers, flags = CONFIGS[name]
+            start = time.time()
+            if flags is None:
+                result = run_plain(mode, args.steps, args.threads)
+            else:
+                trace = name.startswith("pp") and not args.no_trace
+                result = run_job(name, mode, workers, flags, paths, args.steps, args.threads, trace,
+                                 runtime_threads=args.runtime_threads, sync_transfers=args.sync_transfers)
+            rows.append(summarise(name, mode, result, args.warmup))
+            print(f"# {name} {mode}: {time.time() - start:.0f} s wall", flush=True)
+    print()
+    print(f"Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, FFN {FFN}, seq {SEQ}, vocab {VOCAB}, global batch "
+          f"{GLOBAL_BATCH}; median of steps {args.warmup + 1}..{args.steps}; kernel threads "
+          f"{args.threads or 'default'}, runtime threads {args.runtime_threads or 'default'}"
+          f"{'; transfers synced' if args.sync_transfers else ''}; load average {os.getloadavg()[0]:.1f}")
+    print_table(rows)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
