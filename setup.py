@@ -16,6 +16,15 @@ setup(
         "pyyaml>=6,<7",
         "sentencepiece>=0.2,<0.3",
         "psutil>=5.9",      # process-tree cleanup in the msrun harness (also a MindSpore dependency)
+        # TensorBoard event files (tensorboard.tensorboard_dir / monitor.tensorboard.output_dir): the writer
+        # MindFormers itself uses; pure Python (numpy, packaging, protobuf), no TensorFlow or PyTorch. 2.6.5 is
+        # the newest release, tested here with protobuf 7 (what MindSpore 2.10 installs).
+        "tensorboardX==2.6.5",
     ],
-    extras_require={"test": ["pytest>=8,<10"]},
+    extras_require={"test": [
+        "pytest>=8,<10",
+        # tests read the event files back with TensorBoard's own reader (EventAccumulator); 2.21.0 is the
+        # newest release and reads tensorboardX 2.6.5's files with protobuf 7
+        "tensorboard==2.21.0",
+    ]},
 )

@@ -57,7 +57,9 @@ def main() -> int:
         print(f"{i:>4} {x:>10.5f} {y:>10.5f} {rel:>9.1e}")
     print(f"\nloss {a[0]:.3f} -> {a[-1]:.3f}; worst relative difference {worst:.1e}; "
           f"1 process {t1 - t0:.0f}s, 4 workers {t2 - t1:.0f}s")
-    ok = len(a) == len(b) == STEPS and a[-1] < a[0] and worst < 1e-3
+    curves = [os.path.join(d, "loss.svg") for d in (single, parallel)]
+    print("loss curves (open in a browser): " + ", ".join(os.path.relpath(c, ROOT) for c in curves))
+    ok = len(a) == len(b) == STEPS and a[-1] < a[0] and worst < 1e-3 and all(map(os.path.exists, curves))
     print("demo OK" if ok else "demo FAILED")
     return 0 if ok else 1
 

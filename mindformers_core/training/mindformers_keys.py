@@ -177,6 +177,7 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
                             "runner_wrapper.scale_sense.scale_window",
                             "runner_wrapper.local_norm", "runner_wrapper.calculate_per_token_loss",
                             "runner_wrapper.use_skip_data_by_global_norm", "runner_config.sink_mode",
+                            "tensorboard.log_loss_scale_to_tensorboard",
                             "runner_config.sink_size", "optimizer.swap", "lr_schedule.warmup_lr_init",
                             "lr_schedule.decay_steps")},
     **{k: MISC for k in ("trainer.*", "metric.*", "layer_scale", "layer_decay", "lr_scale", "lr_scale_factor",
@@ -240,6 +241,9 @@ PYNATIVE_ALIASES: Dict[str, str] = {
     "monitor.health_checkpoint.global_norm_skip_threshold": "runner_config.global_norm_skip_threshold",
     "training.use_skip_step_on_nan": "runner_config.use_skip_step_on_nan",
     "training.max_consecutive_skipped_steps": "runner_config.max_consecutive_skipped_steps",
+    "monitor.tensorboard.output_dir": "tensorboard.tensorboard_dir",
+    "monitor.tensorboard.queue_size": "tensorboard.tensorboard_queue_size",
+    "monitor.tensorboard.log_interval": "tensorboard.log_interval",
     # our own top-level keys, the same in both dialects
     "output_dir": "output_dir", "run_mode": "run_mode", "use_parallel": "use_parallel",
     "resume_training": "resume_training", "load_checkpoint": "load_checkpoint", "seed": "seed",
@@ -273,8 +277,8 @@ PYNATIVE_NOT_APPLIED: Dict[str, str] = {
     **{f"monitor.{k}": MONITOR for k in (
         "health_checkpoint.embedding_local_norm_threshold", "health_checkpoint.global_norm_skip_threshold",
         "health_checkpoint.global_norm_skip_time", "train_state.local_norm", "train_state.local_loss",
-        "train_state.device_norm", "train_state.device_loss", "tensorboard.output_dir", "tensorboard.log_interval",
-        "tensorboard.queue_size", "moe_monitor.save_tokens_per_expert_interval", "moe_monitor.target_layers")},
+        "train_state.device_norm", "train_state.device_loss",
+        "moe_monitor.save_tokens_per_expert_interval", "moe_monitor.target_layers")},
     **{f"profiler.{k}": PROFILER for k in ("enable_profiling", "start_step", "end_step", "output_path",
                                            "profiler_rank", "profiler_level", "mstx", "profile_memory",
                                            "profile_cpu", "with_stack")},

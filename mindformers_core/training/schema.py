@@ -264,6 +264,18 @@ SCHEMA = Section({
         "eval_interval": F("int", 100, "EvalCallBack: evaluate every N steps.", min=1),
     }, "List of callbacks, each a mapping with `type`.", is_list=True,
         default_list=({"type": "MFLossMonitor"},)),
+    "tensorboard": Section({
+        "tensorboard_dir": F("str|null", None, "Directory for TensorBoard event files (loss, learning-rate, "
+                                               "grad-norm, throughput, MoE load); null or '' = none. Rank 0 "
+                                               "writes (PyNative: monitor.tensorboard.output_dir)."),
+        "tensorboard_queue_size": F("int", 10, "Events buffered before a write to disk (PyNative: "
+                                               "monitor.tensorboard.queue_size).", min=1),
+        "log_interval": F("int", 1, "Write every N steps (PyNative: monitor.tensorboard.log_interval).", min=1),
+        "log_timers_to_tensorboard": F("bool", False, "Also write iteration-time (seconds per step)."),
+        "log_expert_load_to_tensorboard": F("bool", True, "MoE models: tokens per expert per layer "
+                                                          "(expert-load/layer_<i>/ep_<j>); MindFormers' default "
+                                                          "is False."),
+    }, "TensorBoard event files (MindFormers' graph-mode `tensorboard` block; docs/monitoring.md)."),
     "hsdp": Section({
         "shard_size": F("int", -1, "Ranks a parameter is sharded over; -1 = all of data_parallel, else "
                                    "a divisor of data_parallel."),

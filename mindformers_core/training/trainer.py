@@ -34,6 +34,7 @@ from .faults import FaultInjector
 from .heartbeat import Heartbeat
 from .inputs import build_inputs
 from .model_builder import build_model
+from .monitoring import TensorBoardLog, write_loss_svg
 from .predict import complete, generate
 from .preflight import callback, preflight
 from .shape import JobShape
@@ -205,6 +206,7 @@ class Trainer:
                         self.global_batch * int(cfg.model.model_config.seq_length),
                         int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1, self.log,
                         extra=self.built.moe)
+        board = TensorBoardLog.from_config(cfg, self.rank)     # rank 0 only; no-op without tensorboard_dir
         history, batches, last_saved = [], self.inputs.batches(), start
         applied = int(self.optimizer.global_step.asnumpy())   # optimizer steps taken (skipped steps excluded)
         limit, in_a_row = int(cfg.runner_config.get("max_consecutive_skipped_steps", 5)), 0
@@ -232,6 +234,7 @@ class Trainer:
                     self.log(f"step {step:>4}/{self.total_steps}  eval_loss {record['eval_loss']:.4f}  "
                              f"({cfg.eval_dataset.eval_steps} batches of {cfg.eval_dataset.dataset_dir})")
                 steps.write(record)
+                board.write(record)
                 beat(step)
                 if in_a_row >= limit:
                     beat(step, "stopped")
@@ -249,11 +252,22 @@ class Trainer:
                     last_saved = step
         finally:
             self.checkpointer.wait()         # a save in flight is part of the run, even a stopped one
+            board.close()
+            self._draw_loss(steps.path, board)
         if every and last_saved < self.total_steps:
             self.save(self.total_steps)
         self.checkpointer.wait()
         beat(self.total_steps, "done")
         return history
+
+    def _draw_loss(self, jsonl: str, board: TensorBoardLog) -> None:
+        """The loss curve next to loss.jsonl (rank 0), and where to look."""
+        if self.rank != 0:
+            return
+        svg = write_loss_svg(jsonl)
+        if svg:
+            self.log(f"loss curve: {svg}" + (f"; TensorBoard: tensorboard --logdir {board.directory}"
+                                             if board.directory else ""))
 
     # ------------------------------------------------------------------ predict
     def generate(self, ids: List[int], max_new_tokens: int = 32) -> List[int]:
