@@ -43,11 +43,12 @@ def reference(modes=("pynative", "jit"), **kw):
 
 
 def run(configs, modes=("pynative", "jit")):
-    """``configs``: name -> dict of ``make_config`` keyword arguments."""
+    """``configs``: name -> dict of ``make_config`` keyword arguments (``"modes"``: this config's modes)."""
     rank = get_env().rank
     result = {}
     for name, kw in configs.items():
-        for mode in modes:
+        kw = dict(kw)
+        for mode in kw.pop("modes", modes):
             ms.set_seed(0)
             config = make_config(**kw)
             model = GPTModel(config)
