@@ -192,6 +192,9 @@ PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, li
                          "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2] + EVERY_STEP),
     "pp2_cp2_ring_1f1b": (1, PP2 + ["--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2]
                           + NO_CHECKPOINTS),
+    "dp2_cp2_hsdp_level2": (0, HSDP + ["--use_parallel", "True", "--parallel_config.data_parallel", 2,
+                                       "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2,
+                                       "--hsdp.optimizer_level", "level2"] + NO_CHECKPOINTS),
     "cp2_tp2_ulysses": (0, ["--use_parallel", "True", "--parallel_config.model_parallel", 2,
                             "--parallel_config.context_parallel", 2, "--parallel_config.context_parallel_algo",
                             "ulysses"] + NO_CHECKPOINTS),

@@ -144,14 +144,16 @@ class _Checks:
         """What context parallelism does not combine with yet (the sizes themselves are schema rules)."""
         cfg, shape = self.cfg, self.shape
         cp = f"parallel_config.context_parallel = {shape.cp}"
+        if shape.sharded_dp and shape.jit and cfg.hsdp.optimizer_level == "level3":
+            self.errors.append(f"{cp} with hsdp.optimizer_level = 'level3' and context.mode = 0: level3 compiles each "
+                               "unit apart and differentiates it from PyNative, where MindSpore 2.10 rejects the "
+                               "context-parallel kernels' own backward ('The params of function bprop ... requires "
+                               "the forward inputs'); use level1/level2, or context.mode: 1")
         if shape.pp > 1 and shape.jit:
             self.errors.append(f"{cp} with parallel_config.pipeline_stage = {shape.pp} and context.mode = 0: inside "
                                "a compiled pipeline stage's gradient MindSpore 2.10 rejects the context-parallel "
                                "kernels' own backward ('The params of function bprop ... requires the forward "
                                "inputs'); run cp x pp with context.mode: 1 (PyNative)")
-        if shape.sharded_dp:
-            self.errors.append(f"{cp} with parallel.enable_parallel_optimizer = True: hsdp does not reduce over cp "
-                               "yet; set enable_parallel_optimizer: False")
         if float(cfg.model.model_config.get("attention_dropout", 0.0) or 0.0) > 0:
             self.errors.append(f"{cp}: model.model_config.attention_dropout must be 0 (the context-parallel "
                                "attention kernels have no dropout)")
