@@ -55,21 +55,19 @@ REMAINING = {
     "finetune_glm4_9b.yaml": [WORKERS, "model.model_config.use_flash_attention"],
     "pretrain_gpt2_small_fp16.yaml": [WORKERS],
     "pretrain_qwen3_32b_4k.yaml": [WORKERS, "model.model_config.architectures", "model.model_config.head_dim",
-                                   "model.model_config.qk_layernorm", "model.model_config.use_flash_attention",
-                                   "train_dataset.data_loader.type"],
+                                   "model.model_config.qk_layernorm", "model.model_config.use_flash_attention"],
     "pretrain_deepseek3_671b.yaml": [
         WORKERS, "model.model_config.architectures", "model.model_config.multi_latent_attention",
         "model.model_config.num_heads", "model.model_config.num_nextn_predict_layers",
         "model.model_config.qk_layernorm",
         "model.model_config.use_flash_attention", "parallel.parallel_optimizer_config.optimizer_weight_shard_size",
-        "parallel.pipeline_config.pipeline_scheduler", "train_dataset.data_loader.type"],
+        "parallel.pipeline_config.pipeline_scheduler"],
     "llm_pretrain_dense_template.yaml": [
         WORKERS, "model.model_config.hidden_size", "model.model_config.num_heads", "model.model_config.num_layers",
-        "model.model_config.seq_length", "model.model_config.vocab_size", "train_dataset.data_loader.type"],
+        "model.model_config.seq_length", "model.model_config.vocab_size"],
     "pynative_train_config.yaml": [
         "callbacks[0].type", "callbacks[1].type", "model.architectures", "model.hidden_size",
-        "model.num_attention_heads", "model.num_hidden_layers", "model.seq_length", "model.vocab_size",
-        "train_dataset.dataloader.type"],
+        "model.num_attention_heads", "model.num_hidden_layers", "model.seq_length", "model.vocab_size"],
     "pynative_ds3.yaml": ["model.architectures", "model.multi_latent_attention", "model.num_nextn_predict_layers",
                           "model.position_embedding_type", "model.qk_layernorm", "model.use_flash_attention"],
 }
@@ -266,8 +264,8 @@ BAD = [   # (file, extra argv, the message line expected, in part)
     (LLAMA2, ["--optimizer.type", "Lamb"], "optimizer.type = 'Lamb': must be one of ['AdamW', 'Adam', 'SGD']"),
     (LLAMA2, ["--lr_schedule.type", "polynomial", "--lr_schedule.power", 2.0],
      "lr_schedule.power = 2.0: only power 1.0"),
-    (LLAMA2, ["--train_dataset.data_loader.type", "BlendedMegatronDatasetDataLoader"],
-     "train_dataset.data_loader.type = 'BlendedMegatronDatasetDataLoader': this data loader is not implemented"),
+    (LLAMA2, ["--train_dataset.data_loader.type", "HFDataLoader"],
+     "train_dataset.data_loader.type = 'HFDataLoader': this data loader is not implemented"),
     (LLAMA2, ["--train_dataset.input_columns", "[labels]"], "train_dataset.input_columns = ['labels']: must be a "
                                                             "list holding 'input_ids'"),
     (LLAMA2, ["--model.model_config.qk_layernorm", True], "model.model_config.qk_layernorm = True: q/k normalisation"),

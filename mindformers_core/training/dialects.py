@@ -308,7 +308,8 @@ class _Translation:
     def loader_type(self, user: str, value: Any, target: str) -> None:
         if value in K.LOADERS_NOT_IMPLEMENTED:
             self.errors.append(f"{user} = {value!r}: this data loader is not implemented here; use MindDataset "
-                               "(a MindRecord directory from scripts/preprocess_mindrecord.py) or set "
+                               "(a MindRecord directory from scripts/preprocess_mindrecord.py), "
+                               "BlendedMegatronDatasetDataLoader (.bin/.idx from scripts/preprocess_megatron.py) or set "
                                f"{target} to text/jsonl with a dataset_dir")
         else:
             self.put(target, value, user)
@@ -642,7 +643,7 @@ def table_markdown() -> str:
             for k in K.MODEL_HEAD_DIM]
     out += [f"| `moe_config.{k}` | {', '.join(repr(v) for v in ok)} | {why} |"
             for k, (ok, why) in K.MOE_CONFIG_CHECKED.items()]
-    out += [f"| `data_loader.type` / `dataloader.type` | MindDataset | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "
+    out += [f"| `data_loader.type` / `dataloader.type` | MindDataset, BlendedMegatronDatasetDataLoader | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "
             "not implemented |"]
     out += ["", "### Known to MindFormers, not applied here (accepted, listed at start-up)", "",
             "| key | why |", "|---|---|"]

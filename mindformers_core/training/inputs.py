@@ -120,6 +120,13 @@ def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_r
             if kind == "mindrecord":
                 from ..data.mindrecord import MindRecordDataset
                 return MindRecordDataset(os.path.abspath(directory), int(mc.seq_length), **order)
+            if kind == "megatron":
+                from ..data.megatron import MegatronDataset
+                try:
+                    return MegatronDataset(cfg[key].data_path, int(mc.seq_length), vocab_size=int(mc.vocab_size),
+                                           **order)
+                except ValueError as e:
+                    raise ConfigError([f"{key}.data_path = {cfg[key].data_path!r}: {e}"]) from None
             cache = os.path.join(output_dir, "token_cache")
             if rank == 0:                   # tokenize once; the others wait for the cache file
                 tokenize_to_cache(paths, tokenizer, cache, "text")

@@ -132,7 +132,7 @@ MOE_CONFIG_NOT_APPLIED: Dict[str, str] = {
 }
 
 # Keys of MindFormers' data loaders (MindDataset, BlendedMegatronDatasetDataLoader, ...) other than
-# type/dataset_dir/shuffle, which are read
+# type/dataset_dir/shuffle/config.data_path, which are read
 LOADER_KEYS = ("config.*", "sizes", "datasets_type", "num_samples", "python_multiprocessing", "columns_list",
                "file_format", "phase", "path", "data_files", "tokenizer", "max_length", "split", "shuffle_seed")
 
@@ -143,6 +143,7 @@ GRAPH_ALIASES: Dict[str, str] = {
     "train_dataset.data_loader.type": "train_dataset.type",
     "train_dataset.data_loader.dataset_dir": "train_dataset.dataset_dir",
     "train_dataset.data_loader.shuffle": "train_dataset.shuffle",
+    "train_dataset.data_loader.config.data_path": "train_dataset.data_path",
     "eval_dataset.data_loader.type": "eval_dataset.type",
     "eval_dataset.data_loader.dataset_dir": "eval_dataset.dataset_dir",
     "processor.tokenizer.vocab_file": "train_dataset.tokenizer_file",
@@ -231,6 +232,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
     "train_dataset.dataloader.dataset_dir": "train_dataset.dataset_dir",
     "train_dataset.dataloader.dataset_files": "train_dataset.dataset_dir",
     "train_dataset.dataloader.shuffle": "train_dataset.shuffle",
+    "train_dataset.dataloader.config.data_path": "train_dataset.data_path",
     "train_dataset.tokenizer_file": "train_dataset.tokenizer_file",
     "train_dataset.drop_remainder": "train_dataset.drop_remainder",
     "train_dataset.num_parallel_workers": "train_dataset.num_parallel_workers",
@@ -300,9 +302,9 @@ VALUE_ALIASES: Dict[str, Dict[object, object]] = {
     "parallel.pipeline_config.pipeline_scheduler": {"zero_bubble_v": "zbv", "zbv": "zbv", "1F1B": "1f1b", "dualpipev": "dualpipev",
                                                     "GPipe": "gpipe", "gpipe": "gpipe",
                                                     "interleaved_1f1b": "interleaved"},
-    "train_dataset.type": {"MindDataset": "mindrecord"},
+    "train_dataset.type": {"MindDataset": "mindrecord", "BlendedMegatronDatasetDataLoader": "megatron"},
     "eval_dataset.type": {"MindDataset": "mindrecord"},
 }
 # Data loader types MindFormers has that are not read here: refused with what to use instead
-LOADERS_NOT_IMPLEMENTED = ("BlendedMegatronDatasetDataLoader", "CommonDataLoader", "HFDataLoader", "SFTDataLoader",
+LOADERS_NOT_IMPLEMENTED = ("CommonDataLoader", "HFDataLoader", "SFTDataLoader",
                            "MultiSourceDataLoader", "ADGenDataLoader", "TrainingDataLoader")

@@ -271,6 +271,8 @@ class _Checks:
                 ds = cfg.train_dataset
                 if ds.type == "mindrecord":
                     found.files = self.mindrecord_files()
+                elif ds.type == "megatron":
+                    found.files = self.megatron_prefixes()
                 elif ds.dataset_dir:
                     found.files = data_files(os.path.abspath(ds.dataset_dir), ds.type)
                 elif ds.type != "text":
@@ -349,6 +351,24 @@ class _Checks:
             self.errors.append("train_dataset.type = 'mindrecord': needs train_dataset.tokenizer_file, the tokenizer "
                                "the MindRecord data was written with (token ids mean nothing without it)")
         return data_files(os.path.abspath(ds.dataset_dir), ds.type)
+
+    def megatron_prefixes(self) -> List[str]:
+        """Megatron .bin/.idx data (BlendedMegatronDatasetDataLoader): the prefixes of data_path, each
+        with a readable index, and the tokenizer the ids were written with."""
+        from ..data.megatron import IndexedDataset, parse_data_path
+        ds = self.cfg.train_dataset
+        key = f"train_dataset.data_path = {ds.get('data_path')!r}"
+        if not ds.tokenizer_file:
+            self.errors.append("train_dataset.type = 'megatron': needs train_dataset.tokenizer_file, the tokenizer "
+                               "the .bin/.idx data was written with (scripts/preprocess_megatron.py --tokenizer)")
+        try:
+            prefixes = [os.path.abspath(p) for _, p in parse_data_path(ds.get("data_path"))]
+            for prefix in prefixes:
+                IndexedDataset(prefix)
+        except ValueError as e:
+            self.errors.append(f"{key}: {e}")
+            return []
+        return prefixes
 
     def checkpoint_source(self) -> Optional[Tuple[str, Any, bool]]:
         """``(root or "file", step or path, resume)`` to load at the start, or None."""

@@ -198,8 +198,11 @@ SCHEMA = Section({
         }, "Architecture hyper-parameters."),
     }, "The model."),
     "train_dataset": Section({
-        "type": F("str", "text", "Input format.", choices=("text", "jsonl", "mindrecord")),
+        "type": F("str", "text", "Input format (megatron: .bin/.idx prefixes in data_path).",
+                  choices=("text", "jsonl", "mindrecord", "megatron")),
         "dataset_dir": F("str|null", None, "File or directory; null = the built-in corpus."),
+        "data_path": F("str|list|null", None, "type megatron: a .bin/.idx prefix, or [weight, prefix, ...] "
+                                              "blended by weight (MindFormers' data_loader.config.data_path)."),
         "tokenizer_file": F("str|null", None, "SentencePiece model; null = train one on the corpus."),
         "shuffle": F("bool", True, "Shuffle samples (deterministically, from seed)."),
         "drop_remainder": F("bool", True, "Drop the last incomplete batch."),
