@@ -121,7 +121,7 @@ class RssWatch:
                         env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
                     if env.get(b"MS_ROLE") == b"MS_SCHED":
                         continue
-                    rank = env.get(b"RANK_ID", env.get(b"MS_NODE_ID", str(p).encode())).decode()
+                    rank = ("rank" + env[b"RANK_ID"].decode()) if b"RANK_ID" in env else f"pid{p}"
                     with open(f"/proc/{p}/status") as f:
                         hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
                     self.peak[rank] = max(self.peak.get(rank, 0), hwm * 1024)
@@ -132,7 +132,10 @@ class RssWatch:
     def finish(self):
         self.stop.set()
         self.thread.join()
-        return {k: self.peak[k] for k in sorted(self.peak, key=lambda r: (len(r), r))}
+        ranks = {k: v for k, v in self.peak.items() if k.startswith("rank")}
+        # msrun workers carry RANK_ID; otherwise (one process) the largest process is the trainer
+        found = ranks or ({"rank0": max(self.peak.values())} if self.peak else {})
+        return {k[4:]: found[k] for k in sorted(found, key=lambda r: (len(r), r))}
 
 
 # ---- one trainer job --------------------------------------------------------------------------------
@@ -163,7 +166,7 @@ def capped_script(root: str) -> str:
 
 
 def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=900, runtime_threads=0,
-            sync_transfers=False):
+            sync_transfers=False, recompute=False):
     out_dir = tempfile.mkdtemp(prefix=f"bench_trainer_{name}_{mode}_")
     script = "run_mindformer.py" if not (threads or runtime_threads) else paths["capped"]
     argv = [script, "--config", paths["yaml"], "--output_dir", out_dir, "--mode",
@@ -173,6 +176,8 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
     env.pop("MFC_PIPELINE_TRACE", None)
     if sync_transfers:
         env["MFC_PIPELINE_SYNC_TRANSFERS"] = "1"
+    if recompute:
+        env["MFC_PIPELINE_RECOMPUTE"] = "1"
     prefix = os.path.join(out_dir, "pipeline_trace")
     if trace:
         env["MFC_PIPELINE_TRACE"] = prefix
@@ -428,9 +433,12 @@ def main():
     parser.add_argument("--modes", nargs="+", default=["jit", "pynative"], choices=["jit", "pynative"])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
-    parser.add_argument("--threads", type=int, default=0, help="CPU kernel threads per worker (0: MindSpore's default)")
+    parser.add_argument("--threads", default="0",
+                        help="CPU kernel threads per worker: N, 0 (MindSpore's default, 25) or auto (cores / workers)")
     parser.add_argument("--runtime-threads", type=int, default=0,
                         help="MindSpore runtime_num_threads per worker (0: MindSpore's default)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="MFC_PIPELINE_RECOMPUTE=1: pipeline stages recompute their forward in the backward")
     parser.add_argument("--sync-transfers", action="store_true",
                         help="MFC_PIPELINE_SYNC_TRANSFERS=1: a host sync after every pipeline transfer (as before)")
     parser.add_argument("--no-trace", action="store_true", help="pipeline rows without the step recording")
@@ -439,7 +447,7 @@ def main():
     parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_worker:
-        plain_worker(args.plain_worker, args.steps, args.threads)
+        plain_worker(args.plain_worker, args.steps, int(args.threads))
         return
     if args.steps <= args.warmup:
         parser.error(f"--steps={args.steps} must exceed --warmup={args.warmup}")
@@ -449,19 +457,22 @@ def main():
         for name in args.configs:
             workers, flags = CONFIGS[name]
             start = time.time()
+            threads = (max(1, (os.cpu_count() or 1) // workers) if args.threads == "auto" else int(args.threads))
             if flags is None:
-                result = run_plain(mode, args.steps, args.threads)
+                result = run_plain(mode, args.steps, threads)
             else:
                 trace = name.startswith("pp") and not args.no_trace
-                result = run_job(name, mode, workers, flags, paths, args.steps, args.threads, trace,
-                                 runtime_threads=args.runtime_threads, sync_transfers=args.sync_transfers)
+                result = run_job(name, mode, workers, flags, paths, args.steps, threads, trace,
+                                 runtime_threads=args.runtime_threads, sync_transfers=args.sync_transfers,
+                                 recompute=args.recompute)
             rows.append(summarise(name, mode, result, args.warmup))
             print(f"# {name} {mode}: {time.time() - start:.0f} s wall", flush=True)
     print()
     print(f"Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, FFN {FFN}, seq {SEQ}, vocab {VOCAB}, global batch "
           f"{GLOBAL_BATCH}; median of steps {args.warmup + 1}..{args.steps}; kernel threads "
           f"{args.threads or 'default'}, runtime threads {args.runtime_threads or 'default'}"
-          f"{'; transfers synced' if args.sync_transfers else ''}; load average {os.getloadavg()[0]:.1f}")
+          f"{'; transfers synced' if args.sync_transfers else ''}{'; stages recompute' if args.recompute else ''}"
+          f"; load average {os.getloadavg()[0]:.1f}")
     print_table(rows)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

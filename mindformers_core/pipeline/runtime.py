@@ -160,6 +160,12 @@ class _Tape:
 _JIT_RECORD_FAILURE = "The parameters number of the function is"
 
 
+def _bytecode_capture() -> bool:
+    """MFC_PIPELINE_JIT_CAPTURE=bytecode (experimental): compile recorded jit stages with
+    ``capture_mode="bytecode"``, which MindSpore 2.10 differentiates through a custom backward."""
+    return os.environ.get("MFC_PIPELINE_JIT_CAPTURE", "") == "bytecode"
+
+
 def has_custom_backward(cell: nn.Cell) -> bool:
     """True when ``cell`` or a Cell inside it defines ``bprop``."""
     return any(hasattr(type(c), "bprop") for _, c in cell.cells_and_names())
@@ -190,12 +196,12 @@ class PipelineStage:
     ``recompute=False`` (default): the backward uses the forward's autograd record (the forward
     runs once per microbatch); ``recompute=True``: only the stage input is kept and the backward
     runs the forward again (less memory, one more forward per microbatch, two with a split
-    backward).
+    backward). ``None``: ``MFC_PIPELINE_RECOMPUTE=1`` in the environment means True.
     """
 
     def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
                  pp_ranks: Optional[Sequence[int]] = None, loss_fn: Optional[Callable] = None,
-                 dp_group=None, loss_in_cell: bool = False, recompute: bool = False) -> None:
+                 dp_group=None, loss_in_cell: bool = False, recompute: Optional[bool] = None) -> None:
         if not isinstance(cell, nn.Cell):
             raise TypeError(f"PipelineStage: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
         if not 0 <= stage_index < stage_num:
@@ -204,6 +210,8 @@ class PipelineStage:
             raise ValueError(f"PipelineStage: the last stage ({stage_index}) needs loss_fn(output, label), or "
                              f"loss_in_cell=True when its Cell takes (inputs..., label) and returns the loss")
         self.loss_in_cell = loss_in_cell
+        if recompute is None:   # MFC_PIPELINE_RECOMPUTE=1: every stage recomputes (benchmarks)
+            recompute = os.environ.get("MFC_PIPELINE_RECOMPUTE", "0") == "1"
         self.recompute = bool(recompute)
         self.cell, self.stage_index, self.stage_num = cell, stage_index, stage_num
         self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
@@ -228,7 +236,7 @@ class PipelineStage:
         if mode != "jit" or self.compiled_inside:
             return False
         if self._jit_recompute is None:
-            self._jit_recompute = has_custom_backward(self.cell)
+            self._jit_recompute = has_custom_backward(self.cell) and not _bytecode_capture()
             if self._jit_recompute:
                 _jit_recompute_warning(self.stage_index, "it holds Cells with a custom bprop (collectives)")
         return self._jit_recompute
@@ -286,7 +294,8 @@ class PipelineStage:
 
             def compiled(*args):
                 return inner(*args[:len(args) - n])
-            jitted = ms.jit(compiled)
+            jitted = ms.jit(compiled, capture_mode="bytecode") if kind == "tape" and _bytecode_capture() \
+                else ms.jit(compiled)
 
             def out(*args):
                 return jitted(*args, *params)
