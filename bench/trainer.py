@@ -5,12 +5,14 @@ Sizes (issue 20's reference): Llama decoder, hidden 256, 4 layers, 4 heads, FFN 
 vocab 1024, global batch 8, AdamW, fp32. Configurations:
 
 * ``1proc``: one process (the launcher runs plain python);
-* ``dp2`` / ``tp2``: 2 workers;  ``pp2``: 2 stages, 1F1B, 4 microbatches;  ``pp2_zbv``: ZBV (2 stages per
-  rank, 4 microbatches);  ``dp2tp2``: 4 workers;
+* ``dp2`` / ``tp2``: 2 workers;  ``pp2``: 2 stages, 1F1B, 4 microbatches of 2 rows;  ``pp2_zbv``: ZBV
+  (2 stages per rank, 4 microbatches);  ``dp2tp2``: 4 workers (``batch_size`` is rows per microbatch
+  and data-parallel rank, as in MindFormers, so every row trains on the same 8 rows per step);
 * ``plain``: the same Llama written here in plain MindSpore (``nn.Dense``, ``nn.AdamWeightDecay``, no
   mindformers_core) on one process: the overhead ratio of ``1proc`` against it.
 
-Per row: median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
+Per row: the largest relative difference of its losses to ``1proc``'s (same data: parity), the
+median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
 data wait + compute), the ratio to ``1proc`` of the same mode, tokens/s, the peak RSS of each rank
 (VmHWM sampled from /proc while the job runs) and the per-step times. For pipeline rows the
 runtime records every step (``MFC_PIPELINE_TRACE``: a host sync after each compute step and
@@ -56,6 +58,12 @@ CONFIGS = {   # name -> (workers, flags)
     "plain": (1, None),
 }
 DP = {"dp2": 2, "dp2tp2": 2}
+MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microbatch (MindFormers)
+
+
+def rows_per_microbatch(name: str) -> int:
+    """batch_size for a global batch of GLOBAL_BATCH rows: global = batch_size x dp x micro_batch_num."""
+    return GLOBAL_BATCH // (DP.get(name, 1) * MICRO.get(name, 1))
 
 
 # ---- assets -----------------------------------------------------------------------------------------
@@ -171,7 +179,7 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
     script = "run_mindformer.py" if not (threads or runtime_threads) else paths["capped"]
     argv = [script, "--config", paths["yaml"], "--output_dir", out_dir, "--mode",
             0 if mode == "jit" else 1, "--runner_config.max_steps", steps,
-            "--runner_config.batch_size", GLOBAL_BATCH // DP.get(name, 1), *flags]
+            "--runner_config.batch_size", rows_per_microbatch(name), *flags]
     env = dict(os.environ)
     env.pop("MFC_PIPELINE_TRACE", None)
     if sync_transfers:
@@ -397,8 +405,13 @@ def summarise(name, mode, result, warmup):
 
 def print_table(rows):
     base = {r["mode"]: r["median_s"] for r in rows if r["config"] == "1proc"}
+    ref = {r["mode"]: r["losses"] for r in rows if r["config"] == "1proc"}
+    for r in rows:   # parity: the same global batch gives the same losses as one process
+        if r.get("losses") and r["mode"] in ref and r["config"] != "1proc":
+            r["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref[r["mode"]]))
     plain = {r["mode"]: r["median_s"] for r in rows if r["config"] == "plain"}
-    head = f"{'config':<9}{'mode':<9}{'ranks':>6}{'s/step':>8}{'vs 1proc':>9}{'tokens/s':>9}  {'peak RSS MB per rank':<26}step times (s)"
+    head = (f"{'config':<9}{'mode':<9}{'ranks':>6}{'s/step':>8}{'vs 1proc':>9}{'tokens/s':>9}{'loss diff':>10}  "
+            f"{'peak RSS MB per rank':<26}step times (s)")
     print(head)
     print("-" * (len(head) + 20))
     for r in rows:
@@ -406,8 +419,9 @@ def print_table(rows):
         r["ratio_to_1proc"] = ratio
         rss = " ".join(f"{v:.0f}" for v in r["peak_rss_mb"].values())
         steps = " ".join(f"{t:.2f}" for t in r["step_times"])
+        diff = f"{r['max_rel_loss_diff']:.0e}" if "max_rel_loss_diff" in r else "-"
         print(f"{r['config']:<9}{r['mode']:<9}{r['workers']:>6}{r['median_s']:>8.3f}{ratio:>8.2f}x{r['tokens_per_s']:>9.0f}"
-              f"  {rss:<26}{steps}")
+              f"{diff:>10}  {rss:<26}{steps}")
     for mode in base:
         if mode in plain:
             print(f"overhead {mode}: 1proc / plain MindSpore = {base[mode] / plain[mode]:.2f}x")
@@ -421,10 +435,36 @@ def print_table(rows):
         print(head)
         print("-" * len(head))
         for r in pp:
+            if "timeline_bubble" in r:
+                print(f"{r['config']:<9}{r['mode']:<9} bubble of the last recorded step: measured "
+                      f"{r['timeline_bubble']:.3f}, simulator with its mean step costs {r['simulated_bubble']:.3f}; "
+                      f"timeline {os.path.relpath(r['timeline_svg'], ROOT)}")
             for rank, b in r["breakdown_s"].items():
                 print(f"{r['config']:<9}{r['mode']:<9}{rank:>5}{r['median_s'] * 1e3:>8.0f}{b['forward'] * 1e3:>9.0f}"
                       f"{b['backward'] * 1e3:>9.0f}{b['transfer'] * 1e3:>9.0f}{b['wait'] * 1e3:>8.0f}"
                       f"{b['python'] * 1e3:>8.0f}{b['outside'] * 1e3:>8.0f}")
+
+
+def save_timeline_svg(row, traces, path):
+    """The last recorded iteration of a pipeline row as an SVG timeline (milliseconds)."""
+    from mindformers_core.pipeline.render import mean_step_costs, parse_trace_rows, timeline_from_trace
+    from mindformers_core.pipeline.svg import save_svg
+    last = {int(r): parse_trace_rows(runs[-1]["steps"], f"rank {r}") for r, runs in traces.items() if runs}
+    timeline = timeline_from_trace(last, iteration=-1, scale=1e3)
+    save_svg(path, timeline, title=f"{row['config']} {row['mode']}: measured pipeline step (trainer)", time_unit="ms")
+    row["timeline_svg"], row["timeline_bubble"] = path, timeline.bubble_ratio
+    # the simulator fed this iteration's mean step costs (BWD_WEIGHT ~0 without recompute: its work
+    # is done at BWD_INPUT)
+    from mindformers_core.pipeline import simulate
+    from bench.pipeline import schedule_of
+    costs = mean_step_costs(timeline)
+    sched = schedule_of("zbv" if row["config"].endswith("zbv") else "1f1b", 4, 2)
+    kwargs = {}
+    if "BWD_INPUT" in costs:
+        kwargs = {"bwd_input_time": costs["BWD_INPUT"], "bwd_weight_time": max(costs.get("BWD_WEIGHT", 0.0), 1e-6)}
+    bwd = costs.get("BWD") or costs.get("BWD_INPUT", 0.0) + costs.get("BWD_WEIGHT", 0.0)
+    sim = simulate(sched, fwd_time=costs["FWD"], bwd_time=bwd, comm_time=costs["comm"], **kwargs)
+    row["simulated_bubble"] = sim.bubble_ratio
 
 
 def main():
@@ -466,6 +506,9 @@ def main():
                                  runtime_threads=args.runtime_threads, sync_transfers=args.sync_transfers,
                                  recompute=args.recompute)
             rows.append(summarise(name, mode, result, args.warmup))
+            if result.get("traces"):
+                svg = os.path.join(os.path.dirname(args.out), f"trainer_{name}_{mode}_timeline.svg")
+                save_timeline_svg(rows[-1], result["traces"], svg)
             print(f"# {name} {mode}: {time.time() - start:.0f} s wall", flush=True)
     print()
     print(f"Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, FFN {FFN}, seq {SEQ}, vocab {VOCAB}, global batch "
