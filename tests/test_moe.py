@@ -207,7 +207,8 @@ def test_named_config_errors(kw, field):
 
 
 def test_expert_parallel_plan_without_process_groups():
-    c = cfg(data_parallel_size=4, expert_model_parallel_size=2, moe_first_k_dense_layers=1, tensor_model_parallel_size=2)
+    c = cfg(data_parallel_size=4, expert_model_parallel_size=2, moe_first_k_dense_layers=1,
+            tensor_model_parallel_size=2)
     assert c.layout.alias_name == ("edp", "ep", "cp", "tp") and c.layout("dp", "None").dims == (("edp", "ep"), ())
     model = GPTModel(c)
     ids = np.zeros((4, 8), np.int32)

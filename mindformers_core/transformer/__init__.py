@@ -11,14 +11,17 @@ from .layer import TransformerLayer
 from .linear import ColumnParallelLinear, RowParallelLinear, sequence_parallel_layout
 from .loss import VocabParallelCrossEntropy
 from .mlp import GELU, MLP, SwiGLU
+from .moe import (AuxLossProbe, LoadBalancingLoss, MoELayer, MoETransformerLayer, RoutedExperts, TopKRouter,
+                  moe_layer_spec, update_expert_bias)
 from .norm import LayerNorm, RMSNorm, build_norm
 from .rotary import RotaryEmbedding, rotary_tables
 
 ATOMIC_CELLS = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, RMSNorm, LayerNorm,
-                RotaryEmbedding, VocabParallelCrossEntropy, TiedOutputLayer)
+                RotaryEmbedding, VocabParallelCrossEntropy, TiedOutputLayer, TopKRouter, RoutedExperts, AuxLossProbe)
 
-__all__ = ["ATOMIC_CELLS", "ColumnParallelLinear", "DotProductAttention", "GELU", "GPTModel", "LanguageModelEmbedding",
-           "LayerNorm", "MLP", "RMSNorm", "RotaryEmbedding", "RowParallelLinear", "SelfAttention", "SwiGLU",
-           "TiedOutputLayer", "TransformerBlock", "TransformerConfig", "TransformerLayer",
+__all__ = ["ATOMIC_CELLS", "AuxLossProbe", "ColumnParallelLinear", "DotProductAttention", "GELU", "GPTModel",
+           "LanguageModelEmbedding", "LayerNorm", "LoadBalancingLoss", "MLP", "MoELayer", "MoETransformerLayer",
+           "RMSNorm", "RotaryEmbedding", "RoutedExperts", "RowParallelLinear", "SelfAttention", "SwiGLU",
+           "TiedOutputLayer", "TopKRouter", "TransformerBlock", "TransformerConfig", "TransformerLayer",
            "VocabParallelCrossEntropy", "VocabParallelEmbedding", "build_norm", "causal_mask", "init_weights",
-           "rotary_tables", "sequence_parallel_layout", "stage_of"]
+           "moe_layer_spec", "update_expert_bias", "rotary_tables", "sequence_parallel_layout", "stage_of"]

@@ -71,7 +71,8 @@ def moe_config_problems(c: TransformerConfig):
         out.append(("moe_shared_expert_intermediate_size", shared,
                     f"must be divisible by tensor_model_parallel_size={c.tensor_model_parallel_size}"))
     if c.moe_router_score_function not in SCORE_FUNCTIONS:
-        out.append(("moe_router_score_function", c.moe_router_score_function, f"must be one of {list(SCORE_FUNCTIONS)}"))
+        out.append(("moe_router_score_function", c.moe_router_score_function,
+                    f"must be one of {list(SCORE_FUNCTIONS)}"))
     if c.moe_router_load_balancing_type not in BALANCING:
         out.append(("moe_router_load_balancing_type", c.moe_router_load_balancing_type,
                     f"must be one of {list(BALANCING)}"))

@@ -19,30 +19,19 @@ from .common import common_mesh_layout, make_layout
 from .registry import LocalKernel, RuleError, RuleResult, register_rule
 
 
-def _token_axes(layouts, ndim_of_first):
-    src = next((l for l in layouts if l is not None), None)
-    if src is None:
-        return None
-    dims = src.dims
-    return tuple(dims[:-1]) if len(dims) == ndim_of_first else None
-
-
 @register_rule("moe_router")
 def moe_router(layouts, shapes, *, num_experts=None, topk=None):
     if len(layouts) not in (2, 3):
         raise RuleError(f"expects x, weight and optionally expert_bias; got {len(layouts)} inputs")
     xs = shapes[0]
-    E = shapes[1][-1]
     mesh = common_mesh_layout(layouts)
     x = layouts[0]
     tokens = tuple(x.dims[:-1]) if x is not None else ((),) * (len(xs) - 1)
     if x is not None and x.dims[-1]:
         raise RuleError(f"the hidden dim of x must be whole, got it split over {list(x.dims[-1])}")
-    k = int(topk) if topk is not None else 1
-    req = [make_layout(mesh, tokens + ((),))] + [make_layout(mesh, ((),) * len(s)) for s in shapes[1:]]
     tok = make_layout(mesh, tokens + ((),))
-    del E, k
-    return RuleResult((tok, tok, tok, tok), tuple(req))
+    weights = [make_layout(mesh, ((),) * len(s)) for s in shapes[1:]]     # gate weight, expert bias: replicated
+    return RuleResult((tok, tok, tok, tok), (tok, *weights))
 
 
 @register_rule("moe_experts")
@@ -74,7 +63,7 @@ def moe_experts(layouts, shapes, *, num_experts=None, capacity_factor=None, expe
     weights = tuple(make_layout(mesh, (expert_dim, (), ())) for _ in range(3))
     if ep:
         local_tokens = 1
-        for d, n in enumerate(tok.local_shape(xs)[:-1]):
+        for n in tok.local_shape(xs)[:-1]:
             local_tokens *= n
         kernel = LocalKernel("expert_parallel", {
             "axis": expert_axis, "num_experts": E, "local_experts": E // mesh.axis_size(expert_axis),
