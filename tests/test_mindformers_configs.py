@@ -55,11 +55,10 @@ REMAINING = {
     "finetune_glm4_9b.yaml": [WORKERS, "model.model_config.use_flash_attention"],
     "pretrain_gpt2_small_fp16.yaml": [WORKERS],
     "pretrain_qwen3_32b_4k.yaml": [WORKERS, "model.model_config.architectures", "model.model_config.head_dim",
-                                   "model.model_config.qk_layernorm", "model.model_config.use_flash_attention"],
+                                   "model.model_config.use_flash_attention"],
     "pretrain_deepseek3_671b.yaml": [
         WORKERS, "model.model_config.architectures", "model.model_config.multi_latent_attention",
         "model.model_config.num_heads", "model.model_config.num_nextn_predict_layers",
-        "model.model_config.qk_layernorm",
         "model.model_config.use_flash_attention", "parallel.parallel_optimizer_config.optimizer_weight_shard_size",
         "parallel.pipeline_config.pipeline_scheduler"],
     "llm_pretrain_dense_template.yaml": [
@@ -69,7 +68,7 @@ REMAINING = {
         "callbacks[0].type", "callbacks[1].type", "model.architectures", "model.hidden_size",
         "model.num_attention_heads", "model.num_hidden_layers", "model.seq_length", "model.vocab_size"],
     "pynative_ds3.yaml": ["model.architectures", "model.multi_latent_attention", "model.num_nextn_predict_layers",
-                          "model.position_embedding_type", "model.qk_layernorm", "model.use_flash_attention"],
+                          "model.position_embedding_type", "model.use_flash_attention"],
 }
 NOT_APPLIED = {   # a few of the keys each file lists as not applied on CPU
     "pretrain_llama2_7b.yaml": ["context.max_device_memory", "runner_wrapper.scale_sense.loss_scale_value",
@@ -268,7 +267,7 @@ BAD = [   # (file, extra argv, the message line expected, in part)
      "train_dataset.data_loader.type = 'HFDataLoader': this data loader is not implemented"),
     (LLAMA2, ["--train_dataset.input_columns", "[labels]"], "train_dataset.input_columns = ['labels']: must be a "
                                                             "list holding 'input_ids'"),
-    (LLAMA2, ["--model.model_config.qk_layernorm", True], "model.model_config.qk_layernorm = True: q/k normalisation"),
+    (LLAMA2, ["--model.model_config.qk_layernorm", 3], "model.model_config.qk_layernorm = 3"),
     (LLAMA2, ["--moe_config.expert_num", 8, "--moe_config.use_shared_expert_gating", True],
      "moe_config.use_shared_expert_gating = True: a sigmoid gate on the shared experts is not implemented"),
     (LLAMA2, ["--moe_config.expert_nun", 8], "did you mean 'moe_config.expert_num'?"),

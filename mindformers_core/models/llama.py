@@ -20,7 +20,8 @@ _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidde
             "num_heads": "num_attention_heads", "vocab_size": "vocab_size", "seq_length": "seq_length",
             "rms_norm_eps": "layernorm_epsilon", "rope_theta": "rotary_base",
             "tie_word_embeddings": "tie_word_embeddings", "compute_dtype": "compute_dtype",
-            "param_init_dtype": "params_dtype", "offset": "offset", "add_qkv_bias": "add_qkv_bias"}
+            "param_init_dtype": "params_dtype", "offset": "offset", "add_qkv_bias": "add_qkv_bias",
+            "qk_layernorm": "qk_layernorm"}
 # Mixture-of-experts keys (Qwen3-MoE / DeepSeek-V3 names as the trainer's schema holds them; the DeepSeek
 # moe_config block is translated to these in training/dialects.py) -> TransformerConfig field
 MOE_KEYS = {"num_experts": "num_moe_experts", "n_routed_experts": "num_moe_experts",
@@ -47,11 +48,13 @@ def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
 @dataclass
 class LlamaConfig(TransformerConfig):
     """TransformerConfig with Llama defaults. ``offset`` is MindFormers' pipeline layer split
-    (per-stage adjustments to num_layers // stages)."""
+    (per-stage adjustments to num_layers // stages). ``qk_layernorm``: Qwen3's RMSNorm of each query and
+    key head (over head_dim, one weight shared by the heads) before the rotary embedding."""
     normalization: str = "RMSNorm"
     activation: str = "swiglu"
     position_embedding_type: str = "rope"
     offset: Any = 0
+    qk_layernorm: bool = False
 
     def __post_init__(self):
         if self.ffn_hidden_size is None and isinstance(self.hidden_size, int):

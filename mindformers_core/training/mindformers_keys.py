@@ -42,6 +42,7 @@ MODEL_ALIASES: Dict[str, str] = {
     "theta": "rope_theta", "rotary_emb_base": "rope_theta", "layernorm_epsilon": "rms_norm_eps",
     "max_position_embedding": "max_position_embeddings", "qkv_has_bias": "add_qkv_bias",
     "attention_bias": "add_qkv_bias", "untie_embeddings_and_output_weights": "tie_word_embeddings",
+    "use_qk_norm": "qk_layernorm",
 }
 NEGATED = {"untie_embeddings_and_output_weights"}      # value read as `not value`
 
@@ -54,7 +55,6 @@ MOE_KERNEL_KEYS = ("router_dense_type", "moe_grouped_gemm", "use_fused_ops_topkr
                    "moe_permute_fusion", "moe_router_dtype")
 # name -> (values accepted, the error when another value is given); accepted values are listed as not applied
 MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
-    "qk_layernorm": ((False, None), "q/k normalisation (Qwen3-style qk_layernorm) is not implemented; set it to False"),
     "multi_latent_attention": ((False, None), "multi-latent attention (MLA) is not implemented; set it to False"),
     "add_bias_linear": ((False, None), "biases on every linear layer are not implemented for this model (QKV bias "
                                        "is: add_qkv_bias / qkv_has_bias); set it to False"),

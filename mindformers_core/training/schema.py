@@ -162,6 +162,8 @@ SCHEMA = Section({
                             choices=("silu", "swiglu", "gelu", "relu")),
             "add_qkv_bias": F("bool", False, "Biases on the query/key/value projections (Qwen2.5, GLM4); "
                                              "MindFormers' qkv_has_bias, HF attention_bias."),
+            "qk_layernorm": F("bool", False, "Qwen3's q/k norm: RMSNorm of each query and key head before RoPE "
+                                             "(mcore's qk_layernorm, use_qk_norm)."),
             "tie_word_embeddings": F("bool", False, "Share embedding and output weights."),
             "compute_dtype": F("str", "float32", "Matmul dtype.", choices=("float32", "float16", "bfloat16")),
             "param_init_dtype": F("str", "float32", "Parameter dtype.",

@@ -17,6 +17,7 @@ from mindspore import Tensor, nn, ops
 from ..common.sequence_placement import causal_mask_array
 from .config import TransformerConfig
 from .linear import ColumnParallelLinear, RowParallelLinear
+from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 
 MASK_VALUE = -1.0e9
@@ -75,9 +76,19 @@ class DotProductAttention(nn.Cell):
         return ops.transpose(ctx, (0, 2, 1, 3)).reshape(b, s, -1)
 
 
+class HeadNorm(RMSNorm):
+    """Qwen3's q/k norm: RMSNorm over the last dim (head_dim) of (b, s, heads, head_dim), one weight
+    shared by all heads. It runs inside the tensor-parallel region (heads may be split, the sequence is
+    whole), so it declares no layout of its own, sequence parallel or not."""
+
+    def shard(self, config: TransformerConfig):
+        return None, None, None
+
+
 class SelfAttention(nn.Cell):
     """(b, s, h) -> (b, s, h): q/k/v projections (column-parallel), rotary on q and k, core
-    attention, output projection (row-parallel)."""
+    attention, output projection (row-parallel). With ``config.qk_layernorm`` (Qwen3) q and k are
+    RMS-normalized per head before the rotary embedding."""
 
     def __init__(self, config: TransformerConfig, layer_number: int = 1):
         super().__init__()
@@ -90,6 +101,10 @@ class SelfAttention(nn.Cell):
         self.linear_q = ColumnParallelLinear(config.hidden_size, q_size, config, bias=qkv_bias)
         self.linear_k = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=qkv_bias)
         self.linear_v = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=qkv_bias)
+        self.qk_layernorm = bool(getattr(config, "qk_layernorm", False))
+        if self.qk_layernorm:
+            self.q_layernorm = HeadNorm(config.head_dim, config)
+            self.k_layernorm = HeadNorm(config.head_dim, config)
         self.rotary = RotaryEmbedding(config)
         self.core_attention = DotProductAttention(config)
         self.linear_proj = RowParallelLinear(q_size, config.hidden_size, config, bias=bias)
@@ -99,6 +114,9 @@ class SelfAttention(nn.Cell):
         q = self.linear_q(x).reshape(b, s, -1, self.head_dim)
         k = self.linear_k(x).reshape(b, s, -1, self.head_dim)
         v = self.linear_v(x).reshape(b, s, -1, self.head_dim)
+        if self.qk_layernorm:
+            q = self.q_layernorm(q)
+            k = self.k_layernorm(k)
         q = self.rotary(q)
         k = self.rotary(k)
         q = ops.transpose(q, (0, 2, 1, 3))
