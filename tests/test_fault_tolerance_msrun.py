@@ -19,7 +19,7 @@ from mindformers_core.testing.msrun import child_env, kill_tree
 from tests.test_trainer import ROOT, args, tiny  # noqa: F401  (tiny: fixture)
 
 LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
-STEPS = 10
+STEPS = 8
 EVERY_STEP = ["--runner_config.max_steps", STEPS, "--lr_schedule.total_steps", STEPS,
               "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
                              "keep_checkpoint_max: 3}]"]

@@ -11,8 +11,11 @@ pytestmark = pytest.mark.msrun
 TOL = 1e-5
 TP2 = job("gpt_tp2", 2, "tests.bodies.gpt_tp_body:run",
           {"configs": {"tp2": (1, 2, False), "tp2_sp": (1, 2, True)}}, timeout=600, group=__name__)
+# on 4 ranks one mode each (tp in both modes is proven on 2 ranks above): tp4 PyNative, dp2 x tp2 jit
 TP4 = job("gpt_tp4", 4, "tests.bodies.gpt_tp_body:run",
-          {"configs": {"tp4": (1, 4, False), "dp2_tp2": (2, 2, False)}}, timeout=900, group=__name__)
+          {"configs": {"tp4": (1, 4, False)}, "modes": ["pynative"]}, timeout=600, group=__name__)
+DP2_TP2 = job("gpt_dp2_tp2", 4, "tests.bodies.gpt_tp_body:run",
+              {"configs": {"dp2_tp2": (2, 2, False)}, "modes": ["jit"]}, timeout=600, group=__name__)
 
 
 @pytest.fixture(scope="module")
@@ -55,4 +58,5 @@ def test_tp2_and_tp2_sequence_parallel(single_process):
 
 
 def test_tp4_and_dp2_tp2(single_process):
-    _check(TP4.results(), single_process, TP4.kwargs["configs"])
+    _check(TP4.results(), single_process, TP4.kwargs["configs"], {"tp4": ["pynative"]})
+    _check(DP2_TP2.results(), single_process, DP2_TP2.kwargs["configs"], {"dp2_tp2": ["jit"]})

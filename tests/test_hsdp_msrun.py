@@ -14,28 +14,32 @@ LEVELS = ("level1", "level2", "level3")
 SHARDED = {"fc1.weight", "fc2.weight"}
 
 
-def _configs(shard_sizes, accumulate_sizes=(), clip=()):
+def _configs(shard_sizes, accumulate_sizes=(), clip=(), both_modes=True):
     """shard_size=1 is pure data parallel at every level: it runs once per mode, as the baseline
-    (PyNative only on 4 ranks, where the hybrid shard_size=2 runs with accumulation)."""
+    (PyNative only on 4 ranks, where the hybrid shard_size=2 runs with accumulation). With
+    ``both_modes=False`` (4 ranks: every level already ran in both modes on 2 ranks) each level runs
+    in one mode, alternating, and the accumulation configs take the other one."""
     configs = [["level1", 1, "pynative", 1, None]]
     if 1 in shard_sizes:
         configs.append(["level1", 1, "jit", 1, None])
+    alternate = {"level1": "jit", "level2": "jit", "level3": "pynative"}
     for s in shard_sizes:
         for mode in ("pynative", "jit"):
             for level in LEVELS:
-                if s > 1:
+                if s > 1 and (both_modes or alternate[level] == mode):
                     configs.append([level, s, mode, 1, None])
     for s in accumulate_sizes:
         for mode in ("pynative", "jit"):
             for level in LEVELS:
-                configs.append([level, s, mode, 2, None])
+                if both_modes or alternate[level] != mode:
+                    configs.append([level, s, mode, 2, None])
     configs += [list(c) for c in clip]
     return configs
 
 
 CONFIGS_2 = _configs([1, 2]) + [["level3", 2, "manual", 1, None]]
 CLIP_4 = [("level2", 2, "jit", 1, 0.05)]
-CONFIGS_4 = _configs([4], accumulate_sizes=[2], clip=CLIP_4)
+CONFIGS_4 = _configs([4], accumulate_sizes=[2], clip=CLIP_4, both_modes=False)
 HSDP_2 = job("hsdp_2", 2, "tests.bodies.hsdp_body:run", {"configs": CONFIGS_2}, timeout=300, group=__name__)
 HSDP_4 = job("hsdp_4", 4, "tests.bodies.hsdp_body:run", {"configs": CONFIGS_4}, timeout=400, group=__name__)
 
@@ -98,17 +102,22 @@ def test_parity_4_ranks_accumulation_and_clipping(references):
     unclipped = references[(None, body.SHORT)][0][-1]
     assert results[0][clip[0]]["losses"][-1] != pytest.approx(unclipped, rel=1e-4)
     # accumulation: no gradient collective before the last micro-step
-    for level in LEVELS:
-        for mode in ("pynative", "jit"):
-            for r in results:
-                counts = r[(level, 2, mode, 2, None)]["counts"]
-                for first, last in counts:
-                    # level3 gathers each unit's weight before its forward and its backward; nothing else
-                    assert first == (4 if level == "level3" else 0), f"{level} {mode}: {counts}"
-                    assert last > 0
+    accumulated = [tuple(c) for c in configs if c[1] == 2 and c[3] == 2]
+    assert sorted(c[0] for c in accumulated) == list(LEVELS)
+    for level, _, mode, _, _ in accumulated:
+        for r in results:
+            counts = r[(level, 2, mode, 2, None)]["counts"]
+            for first, last in counts:
+                # level3 gathers each unit's weight before its forward and its backward; nothing else
+                assert first == (4 if level == "level3" else 0), f"{level} {mode}: {counts}"
+                assert last > 0
+
+    def full_zero(level):           # shard_size 4, in whichever mode that level ran
+        return next(results[0][tuple(c)] for c in configs if c[0] == level and c[1] == 4 and c[3] == 1
+                    and c[4] is None)
     # level3 holds less parameter memory than level1 (2 sharded weights at 1/4)
-    l1 = results[0][("level1", 4, "pynative", 1, None)]["param_bytes"]
-    l3 = results[0][("level3", 4, "pynative", 1, None)]["param_bytes"]
+    l1 = full_zero("level1")["param_bytes"]
+    l3 = full_zero("level3")["param_bytes"]
     assert l3 == l1 - (64 * 16 + 6 * 64) * 4 * 3 // 4
 
 
@@ -118,7 +127,9 @@ def _check_level3_gathers_per_unit(results, shard_size):
     larger unit's gathered part, not the whole model's."""
     full = {"fc1": (body.HIDDEN, body.IN), "fc2": (body.OUT, body.HIDDEN)}
     for per_rank in results:
-        for mode in ("pynative", "jit"):
+        modes = [m for m in ("pynative", "jit") if ("level3", shard_size, m, 1, None) in per_rank]
+        assert modes, f"no level3 run with shard_size {shard_size}"
+        for mode in modes:
             r = per_rank[("level3", shard_size, mode, 1, None)]
             shard = {k: r["plans"][f"{k}.weight"][1] for k in full}   # fc2 (6 rows) splits dim 1 on 4 ranks
             events = [(unit, phase) for unit, phase, _ in r["seen"]]

@@ -188,20 +188,20 @@ PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, li
         "--runner_config.gradient_accumulation_steps", 2,
         "--parallel.pipeline_config.pipeline_scheduler", "interleaved"] + NO_CHECKPOINTS),
     # context parallel: the sequence split over cp (ring with zigzag balancing; Ulysses with tp, GQA heads repeated)
-    "dp2_cp2_ring": (1, ["--use_parallel", "True", "--parallel_config.data_parallel", 2,
-                         "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2] + EVERY_STEP),
+    # with hsdp level2 (it sums gradients over cp before its dp reduce-scatter); its checkpoint (moments
+    # gathered from shards) resumes on one process
+    "dp2_cp2_ring_hsdp_level2": (1, HSDP + ["--use_parallel", "True", "--parallel_config.data_parallel", 2,
+                                            "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2,
+                                            "--hsdp.optimizer_level", "level2"] + EVERY_STEP),
     "pp2_cp2_ring_1f1b": (1, PP2 + ["--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2]
                           + NO_CHECKPOINTS),
-    "dp2_cp2_hsdp_level2": (0, HSDP + ["--use_parallel", "True", "--parallel_config.data_parallel", 2,
-                                       "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2,
-                                       "--hsdp.optimizer_level", "level2"] + NO_CHECKPOINTS),
     "cp2_tp2_ulysses": (0, ["--use_parallel", "True", "--parallel_config.model_parallel", 2,
                             "--parallel_config.context_parallel", 2, "--parallel_config.context_parallel_algo",
                             "ulysses"] + NO_CHECKPOINTS),
 }
 
 
-RESUMED = ["pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3", "dp2_cp2_ring"]
+RESUMED = ["pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3", "dp2_cp2_ring_hsdp_level2"]
 
 
 @pytest.fixture(scope="module")
