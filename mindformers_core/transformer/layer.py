@@ -21,16 +21,20 @@ class TransformerLayer(nn.Cell):
     def __init__(self, config: TransformerConfig, layer_number: int = 1):
         super().__init__()
         if not isinstance(layer_number, int) or not 1 <= layer_number <= config.num_layers:
-            raise ValueError(f"TransformerLayer: layer_number={layer_number!r} must be in "
+            raise ValueError(f"{type(self).__name__}: layer_number={layer_number!r} must be in "
                              f"[1, num_layers={config.num_layers}] (global, 1-based)")
         self.layer_number = layer_number
         self.input_layernorm = build_norm(config.hidden_size, config)
         self.self_attention = SelfAttention(config, layer_number)
         self.pre_mlp_layernorm = build_norm(config.hidden_size, config)
-        self.mlp = MLP(config)
+        self.mlp = self.build_mlp(config)
         self.dropout_p = config.hidden_dropout
         self.use_dropout = config.hidden_dropout > 0
         init_weights(self, f"decoder.layers.{layer_number - 1}", config.init_method_std)
+
+    def build_mlp(self, config: TransformerConfig) -> nn.Cell:
+        """The layer's MLP (a subclass swaps it, e.g. for a mixture of experts)."""
+        return MLP(config)
 
     def construct(self, x):
         y = self.self_attention(self.input_layernorm(x))

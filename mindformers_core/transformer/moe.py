@@ -31,11 +31,10 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..sharding.expert_dispatch import capacity, combine, dispatch, dispatch_indices, swiglu_experts
-from .attention import SelfAttention
 from .config import TransformerConfig
-from .init import init_weights, normal_parameter
+from .init import normal_parameter
+from .layer import TransformerLayer
 from .mlp import MLP
-from .norm import build_norm
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 BALANCING = ("seq_aux_loss", "aux_loss", "none")
@@ -316,24 +315,16 @@ class MoELayer(nn.Cell):
         return y
 
 
-class MoETransformerLayer(nn.Cell):
+class MoETransformerLayer(TransformerLayer):
     """A transformer layer whose MLP is a :class:`MoELayer`: (b, s, h) -> (b, s, h), or
     ((b, s, h), aux loss) when ``returns_aux``."""
 
     def __init__(self, config: TransformerConfig, layer_number: int = 1):
-        super().__init__()
-        if not isinstance(layer_number, int) or not 1 <= layer_number <= config.num_layers:
-            raise ValueError(f"MoETransformerLayer: layer_number={layer_number!r} must be in "
-                             f"[1, num_layers={config.num_layers}] (global, 1-based)")
-        self.layer_number = layer_number
-        self.input_layernorm = build_norm(config.hidden_size, config)
-        self.self_attention = SelfAttention(config, layer_number)
-        self.pre_mlp_layernorm = build_norm(config.hidden_size, config)
-        self.mlp = MoELayer(config)
+        super().__init__(config, layer_number)
         self.returns_aux = self.mlp.returns_aux
-        self.dropout_p = config.hidden_dropout
-        self.use_dropout = config.hidden_dropout > 0
-        init_weights(self, f"decoder.layers.{layer_number - 1}", config.init_method_std)
+
+    def build_mlp(self, config: TransformerConfig) -> nn.Cell:
+        return MoELayer(config)
 
     def construct(self, x):
         y = self.self_attention(self.input_layernorm(x))
@@ -356,7 +347,6 @@ class MoETransformerLayer(nn.Cell):
 
 def moe_layer_spec(config: TransformerConfig, layer_number: int) -> nn.Cell:
     """Layer ``layer_number``: a MoE layer, or a dense one among the first ``moe_first_k_dense_layers``."""
-    from .layer import TransformerLayer
     if config.is_moe_layer(layer_number):
         return MoETransformerLayer(config, layer_number)
     return TransformerLayer(config, layer_number)
