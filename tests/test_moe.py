@@ -199,7 +199,6 @@ def test_expert_bias_update_moves_towards_balance():
     ({"expert_model_parallel_size": 3, "data_parallel_size": 3}, "num_moe_experts=8"),
     ({"expert_model_parallel_size": 2}, "expert_model_parallel_size=2.*data_parallel_size=1"),
     ({"num_moe_experts": None, "expert_model_parallel_size": 2, "data_parallel_size": 2}, "needs num_moe_experts"),
-    ({"pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size=2"),
 ])
 def test_named_config_errors(kw, field):
     with pytest.raises(ValueError, match=field):

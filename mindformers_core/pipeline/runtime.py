@@ -197,6 +197,12 @@ class PipelineStage:
     runs once per microbatch); ``recompute=True``: only the stage input is kept and the backward
     runs the forward again (less memory, one more forward per microbatch, two with a split
     backward). ``None``: ``MFC_PIPELINE_RECOMPUTE=1`` in the environment means True.
+
+    Stage-local loss terms (a mixture-of-experts stage's load-balancing loss): a stage before the
+    last whose Cell returns ``(activation, loss term)`` sends only the activation; the term is part
+    of the step's loss where it was made: the runtime adds ``term / m`` to the loss it returns on
+    this rank and its backward gives the term the sensitivity ``1 / m`` (the scaling of the last
+    stage's loss), so nothing about it travels between stages.
     """
 
     def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
@@ -228,6 +234,9 @@ class PipelineStage:
         self._fns: Dict[Tuple[str, str], Any] = {}
         self._jit_recompute: Optional[bool] = None   # decided at the first jit run (see recomputes)
         self._units_recompute: Optional[bool] = None  # PyNative recompute units inside (see recomputes)
+        # a stage before the last whose Cell returns (activation, loss term): the dtype of that term
+        # (set by its first forward), see the class doc
+        self.local_loss_dtype = None
 
     def recomputes(self, mode: str) -> bool:
         """Whether this stage's backward runs its forward again in ``mode``: ``recompute=True``, or
@@ -480,8 +489,9 @@ class PipelineRuntime:
         """Run the schedule once. Rank of stage 0 passes ``inputs`` (a tensor, or a tuple of the
         first stage's arguments), rank of the last stage ``labels``; both are whole batches split
         by ``config`` (default: tensors along dim 0, scalars and non-tensors replicated). Returns
-        the mean microbatch loss on the last stage's rank, else None; each stage's summed weight
-        gradients are in ``stage.grads``."""
+        the mean microbatch loss on the last stage's rank (plus this rank's stage-local loss terms,
+        see PipelineStage: the sum over the pipeline ranks is the step's loss), else None; each
+        stage's summed weight gradients are in ``stage.grads``."""
         m = self.schedule.micro_batch_num
         config = config or MicrobatchConfig()
         has_first, has_last = 0 in self.stages, self.schedule.stage_num - 1 in self.stages
@@ -582,6 +592,10 @@ class PipelineRuntime:
                 out = stage.compiled("forward", self.mode, m)(*args)
             if stage.is_last:
                 losses.append(out)
+            elif isinstance(out, tuple):   # (activation, stage-local loss): see PipelineStage
+                out, local = out
+                stage.local_loss_dtype = local.dtype
+                losses.append(local * (1.0 / m))   # scaled as the last stage's loss
             acts[(mb, s)] = out
             return out
         elif t in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
@@ -608,6 +622,8 @@ class PipelineRuntime:
             if st.dp_group is not None and st.dp_group.size > 1 and st.dp_reduced_by is None:
                 st.grads = tuple(comm.all_reduce(g, "avg", st.dp_group) for g in st.grads)
         last = self.stages.get(self.schedule.stage_num - 1)
+        if last is None and loss is not None:   # stage-local losses only: their stage's replicas
+            last = next(st for st in self.stages.values() if st.local_loss_dtype is not None)
         if loss is not None and last.dp_group is not None and last.dp_group.size > 1 \
                 and last.dp_reduced_by is None:
             loss = comm.all_reduce(loss, "avg", last.dp_group)
@@ -617,6 +633,9 @@ class PipelineRuntime:
         mb, s = step.micro_index, step.stage_index
         if stage.is_last:
             return ops.ones((), acts[(mb, s)].dtype)   # acts[(mb, s)]: the loss
+        if stage.local_loss_dtype is not None:   # d(step loss)/d(stage-local loss) = 1/m, like the last stage's
+            scale = 1.0 / self.schedule.micro_batch_num
+            return grads[(mb, s + 1)], ops.full((), scale, dtype=stage.local_loss_dtype)
         return grads[(mb, s + 1)]
 
     def _backward(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):

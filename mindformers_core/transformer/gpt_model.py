@@ -47,7 +47,8 @@ class TiedOutputLayer(nn.Cell):
 class GPTModel(nn.Cell):
     """``construct(input_ids, labels=None)``: the mean loss when labels are given, else logits
     (b, s, vocab). Without ``pre_process`` the first argument is hidden states (b, s, h);
-    without ``post_process`` the result is hidden states."""
+    without ``post_process`` the result is hidden states, or (hidden states, load-balancing loss
+    of this part's MoE layers) when it holds any (``returns_aux``)."""
 
     def __init__(self, config: TransformerConfig, pre_process: Optional[bool] = None,
                  post_process: Optional[bool] = None, layer_spec=TransformerLayer, pp_rank: int = 0,
@@ -75,10 +76,9 @@ class GPTModel(nn.Cell):
                 self.output_layer = ColumnParallelLinear(config.hidden_size, config.vocab_size, config, bias=False)
                 init_weights(self.output_layer, "output_layer", std)
             self.loss = VocabParallelCrossEntropy()
-        self.returns_aux = self.decoder.returns_aux   # MoE: the load-balancing loss joins the loss
-        if self.returns_aux and not self.post_process:
-            raise ValueError("GPTModel: a mixture-of-experts load-balancing loss needs the output layer in the "
-                             "same model (pipeline parallelism with MoE is not supported yet)")
+        # MoE: the load-balancing loss joins the loss; a pipeline stage without the output layer returns
+        # (hidden states, its layers' load-balancing loss), a stage-local loss term (pipeline/runtime.py)
+        self.returns_aux = self.decoder.returns_aux
 
     def construct(self, input_ids, labels=None):
         if self.pre_process:
@@ -86,6 +86,8 @@ class GPTModel(nn.Cell):
         else:
             x = input_ids
         if self.returns_aux:
+            if not self.post_process:
+                return self.decoder(x)
             return self._head_with_aux(self.decoder(x), labels)
         x = self.decoder(x)
         if not self.post_process:

@@ -113,10 +113,6 @@ def moe_config_problems(c: TransformerConfig):
     if c.data_parallel_size % ep:
         out.append(("expert_model_parallel_size", ep, f"must divide data_parallel_size={c.data_parallel_size} "
                     "(the expert-parallel groups are carved out of data parallel, as in MindFormers)"))
-    if c.pipeline_model_parallel_size > 1:
-        out.append(("pipeline_model_parallel_size", c.pipeline_model_parallel_size,
-                    "mixture of experts with pipeline parallelism is not supported yet (the load-balancing "
-                    "loss would have to travel between stages); use pipeline_stage 1"))
     return out
 
 
