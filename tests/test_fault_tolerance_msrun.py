@@ -20,7 +20,7 @@ from mindformers_core.testing.msrun import child_env, kill_tree
 from tests.test_trainer import ROOT, args, tiny  # noqa: F401  (tiny: fixture)
 
 LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
-STEPS = 8
+STEPS = 6
 EVERY_STEP = ["--runner_config.max_steps", STEPS, "--lr_schedule.total_steps", STEPS,
               "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
                              "keep_checkpoint_max: 3}]"]
@@ -74,9 +74,10 @@ def uninterrupted(tiny, tmp_path_factory):
 
 
 def random_faults(seed):
-    """2 or 3 kills of a random rank at distinct random steps in 2..STEPS-1 (seed printed on failure)."""
+    """Two kills (a restart from a restarted run included) of a random rank at distinct random steps in
+    2..STEPS-1 (seed printed on failure)."""
     rng = random.Random(seed)
-    steps = sorted(rng.sample(range(2, STEPS), rng.choice([2, 3])))
+    steps = sorted(rng.sample(range(2, STEPS), 2))
     return [(rng.randrange(2), step) for step in steps]
 
 
