@@ -133,3 +133,42 @@ def test_transformer_config_names_context_parallel_errors():
     with pytest.raises(ValueError, match=r"context_parallel_algo='zigzag'"):
         TransformerConfig(**base, context_parallel_size=2, context_parallel_algo="zigzag")
     assert TransformerConfig(**base, context_parallel_size=2, context_parallel_algo="ring").context_parallel_algo == "colossal"
+
+
+def test_ring_kernel_backward_runs_inside_a_graph_differentiated_from_pynative():
+    """hsdp level3 islands and jit pipeline stages compile a unit with ``ms.jit`` and take its gradient
+    from PyNative. MindSpore 2.10 refuses there a Cell ``bprop`` reading a Parameter ("does not support
+    using Parameter") or calling a Python function its forward also calls (MaybeDropFuncGraphs: "The
+    pointer[func_graph->get_return()] is null"): the ring kernel gets its rank flags as an argument and
+    builds its backward from a twin module. Ring of one (this process), GQA heads: the island's
+    gradients equal PyNative's."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, Tensor, nn
+    from mindformers_core.distributed.process_group import world_group
+    from mindformers_core.hsdp.units import Island
+    from mindformers_core.sharding import context_parallel as C
+
+    b, n, g, s, d = 1, 4, 2, 8, 4
+    core = C.RingAttentionCore(world_group(), (b, n, s, d), (b, g, s, d), 0.5, True)
+    assert not list(core.attend.get_parameters()) and len(list(core.get_parameters())) == 1
+    assert type(core.attend.backward).__module__ != C.__name__      # the backward's Cells: the twin's
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.core = core
+            self.w = Parameter(Tensor(np.linspace(0.5, 1.5, d).astype(np.float32)), name="w")
+
+        def construct(self, x):
+            return self.core(x * self.w, x[:, :g], x[:, g:] * 3)[..., :d] * 2
+
+    x = Tensor(np.random.RandomState(0).randn(b, n, s, d).astype(np.float32))
+    out = {}
+    for name, net in (("pynative", Net()), ("island", Island(Net()))):
+        def loss(a, net=net):
+            return (net(a) * net(a)).sum()
+        value, (dx, (dw,)) = ms.value_and_grad(loss, 0, ParameterTuple(net.trainable_params()))(x)
+        out[name] = (value.asnumpy(), dx.asnumpy(), dw.asnumpy())
+    for got, want in zip(out["island"], out["pynative"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(out["pynative"][1]).max() > 0

@@ -15,7 +15,14 @@ more than its own block plus one travelling block.
 
 Point to point: even ring members send then receive, odd members receive then send (no
 deadlock with blocking send/recv; on CPU each hop is the two-rank AllReduce of ``comm.kernels``).
-Consecutive hops are chained by data (``KeepAlive``) so graph mode keeps them in order.
+Consecutive hops are chained by data (``_keep``) so graph mode keeps them in order.
+
+Rank flags are data, never Python branches (every rank compiles the same graph), and they reach
+the kernel as an *argument* (:class:`RingAttentionCore` holds them in a non-trainable Parameter
+and passes them to :class:`_RingAttention`): MindSpore 2.10 refuses a Cell ``bprop`` that reads a
+Parameter when the graph holding it is differentiated from PyNative ("The user defined 'bprop'
+function ... does not support using Parameter"; hsdp level3 islands, jit pipeline stages), while
+an input of the Cell is fine in every mode.
 
 Ulysses (:class:`ContextParallelAttention` with ``ulysses_group``): all-to-all within the group
 turns sequence-split Q/K/V into head-split full-group sequences, the ring core runs (a ring of one
@@ -24,15 +31,17 @@ the same with a ring of several members across the Ulysses groups.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 
+import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from ..common.sequence_placement import (CAUSAL, FULL, KV_HEAD, causal_mask_array, degrees,
                                          local_causal_positions, ring_schedule)
 from ..distributed.comm import kernels as K
-from ..distributed.comm.autograd import Differentiable
 from ..distributed.comm.kernels import CommCell
 from ..distributed.process_group import ProcessGroup, new_group, world_group
 
@@ -54,8 +63,38 @@ def ring_pair_groups(ring: ProcessGroup):
     return out
 
 
+# the ring's flag vector (float32, one per RingAttentionCore): what each rank does is data
+OFF, SWAP, SENDS_FIRST, STEPS = 0, 1, 3, 4
+
+
+def _flag(flags, i):
+    """Flag ``i`` of the flag vector as a bool ``(1,)`` tensor."""
+    return flags[i:i + 1] > 0.5
+
+
+def _keep(value, dep, flags):
+    """``value`` unchanged, but data-dependent on ``dep`` (``KeepAlive`` with the flag passed in):
+    graph mode can neither prune ``dep`` nor reorder the hop producing it."""
+    first = dep.reshape(-1)[0:1].astype(value.dtype)
+    picked = ops.select(_flag(flags, OFF), first, ops.zeros((1,), value.dtype))
+    return value + picked.sum()
+
+
+def ring_flag_values(ring_size: int, index: int, kinds) -> "np.ndarray":
+    """The flag vector of ring member ``index``: OFF (always 0), the two-member swap's one-hot slot,
+    whether it sends first, and per schedule step whether the step's kind is KV_HEAD/FULL."""
+    values = np.zeros((STEPS + len(kinds),), np.float32)
+    if ring_size == 2:
+        values[SWAP + index] = 1.0
+    values[SENDS_FIRST] = float(index % 2 == 0)
+    for j, kind in enumerate(kinds):
+        values[STEPS + j] = float(kind in (KV_HEAD, FULL))
+    return values
+
+
 class RingShift(CommCell):
-    """Receive the previous ring member's tensor while sending ours to the next member.
+    """Receive the previous ring member's tensor while sending ours to the next member:
+    ``construct(x, flags)`` with the ring's flag vector (see :func:`ring_flag_values`).
 
     The hops run on their own communicators (groups tagged ``cp_ring``), so graph mode may order
     them freely against the other collectives of the step (loss and gradient reductions over the
@@ -70,7 +109,6 @@ class RingShift(CommCell):
             return
         i = ring.local_rank
         nxt, prv = ring.ranks[(i + 1) % self.n], ring.ranks[(i - 1) % self.n]
-        self.keep = K.KeepAlive()
         self.send_first = i % 2 == 0
         world = world_group()
         if K.is_native("send", world):
@@ -80,7 +118,6 @@ class RingShift(CommCell):
         elif self.n == 2:
             self.mode = "swap"
             self.reduce = K._SumAllReduce(new_group(sorted(ring.ranks), tag=RING_TAG))
-            self.flags = K.rank_flags(2, i)
         else:
             self.mode = "pairs"
             pairs = ring_pair_groups(ring)
@@ -90,31 +127,30 @@ class RingShift(CommCell):
             first, second = (to_next, from_prev) if self.send_first else (from_prev, to_next)
             self.first = K._SumAllReduce(first)
             self.second = K._SumAllReduce(second)
-            self.sends_first = K.role_flag(self.send_first)
 
-    def construct(self, x):
+    def construct(self, x, flags):
         if self.mode == "identity":
             return x
         if self.mode == "swap":
-            flags = self.flags.reshape((2,) + (1,) * x.ndim)
+            slots = (flags[SWAP:SWAP + 2] > 0.5).reshape((2,) + (1,) * x.ndim)
             stacked = ops.broadcast_to(ops.expand_dims(x, 0), (2,) + x.shape)
             zeros = ops.zeros_like(stacked)
-            slots = self.reduce(ops.select(flags, stacked, zeros))
-            return ops.select(flags, zeros, slots).sum(0)      # the other member's slot, exactly
+            summed = self.reduce(ops.select(slots, stacked, zeros))
+            return ops.select(slots, zeros, summed).sum(0)      # the other member's slot, exactly
         if self.mode == "native":
             if self.send_first:
                 token = self.send(x)
-                return self.recv(self.keep(x, token))
+                return self.recv(_keep(x, token, flags))
             got = self.recv(x)
-            token = self.send(self.keep(x, got))
-            return self.keep(got, token)
-        # the receiver contributes zeros; KeepAlive (not zeros_like of a dependent value, which the
+            token = self.send(_keep(x, got, flags))
+            return _keep(got, token, flags)
+        # the receiver contributes zeros; _keep (not zeros_like of a dependent value, which the
         # optimizer may fold) orders the hop after the previous one
         zeros = ops.zeros_like(x)
-        f = self.sends_first
-        a = self.first(_pick(f, x, self.keep(zeros, x)))
-        b = self.second(self.keep(_pick(f, zeros, x), a))
-        return self.keep(_pick(f, b, a), _pick(f, a, b))
+        f = _flag(flags, SENDS_FIRST)
+        a = self.first(_pick(f, x, _keep(zeros, x, flags)))
+        b = self.second(_keep(_pick(f, zeros, x), a, flags))
+        return _keep(_pick(f, b, a), _pick(f, a, b), flags)
 
 
 def _split_last(x, parts):
@@ -123,16 +159,18 @@ def _split_last(x, parts):
 
 
 def _rep(x, repeat):
+    out = x
     if repeat > 1:
-        return ops.repeat_interleave(x, repeat, 1)
-    return x
+        out = ops.repeat_interleave(x, repeat, 1)
+    return out
 
 
 def _unrep(x, groups, repeat):
+    out = x
     if repeat > 1:
         b, _, s, d = x.shape
-        return x.reshape(b, groups, repeat, s, d).sum(2)
-    return x
+        out = x.reshape(b, groups, repeat, s, d).sum(2)
+    return out
 
 
 def _block(q, k, v, mask, scale, repeat):
@@ -190,15 +228,15 @@ class _ForwardStep(CommCell):
     full block is computed and merged only where the flag says FULL (PyNative would skip it; one
     graph for every rank is worth more here)."""
 
-    def __init__(self, kind, balanced, shift, half, scale, repeat):
+    def __init__(self, step, balanced, shift, half, scale, repeat):
         super().__init__()
         self.balanced, self.shift, self.half, self.scale, self.repeat = balanced, shift, half, scale, repeat
-        self.flag = K.role_flag(kind in (KV_HEAD, FULL))
+        self.step = step        # index in the schedule: its flag is flags[STEPS + step]
 
-    def construct(self, q, o, lse, kv):
-        kv = self.shift(kv)
+    def construct(self, q, o, lse, kv, flags):
+        kv = self.shift(kv, flags)
         kt, vt = _split_last(kv, 2)
-        f = self.flag
+        f = _flag(flags, STEPS + self.step)
         if not self.balanced:
             ob, lb = _block(q, kt, vt, None, self.scale, self.repeat)
             om, lm = _merge(o, lse, ob, lb)
@@ -222,19 +260,19 @@ class _BackwardStep(CommCell):
     """One backward ring step: (hop, then) add this member's block gradients to the travelling dK/dV.
     The same sub-blocks as :class:`_ForwardStep`, selected by the same flag."""
 
-    def __init__(self, kind, balanced, shift, half, mask, scale, groups, repeat):
+    def __init__(self, kind, step, balanced, shift, half, mask, scale, groups, repeat):
         super().__init__()
         self.shift, self.half, self.mask = shift, half, mask
         self.scale, self.groups, self.repeat = scale, groups, repeat
         self.causal = kind == CAUSAL        # step 0: own K/V, causal mask, no hop
         self.balanced = balanced
-        self.flag = K.role_flag(kind in (KV_HEAD, FULL))
+        self.step = step
 
-    def construct(self, q, lse, do, dd, dq, kvd):
+    def construct(self, q, lse, do, dd, dq, kvd, flags):
         if not self.causal:
-            kvd = self.shift(kvd)
+            kvd = self.shift(kvd, flags)
         kt, vt, dkt, dvt = _split_last(kvd, 4)
-        f = self.flag
+        f = _flag(flags, STEPS + self.step)
         if self.causal:
             gq, gk, gv = _block_grad(q, kt, vt, lse, do, dd, self.mask, self.scale, self.groups, self.repeat)
             return dq + gq, ops.concat((kt, vt, dkt + gk, dvt + gv), -1)
@@ -264,59 +302,160 @@ class _BackwardStep(CommCell):
         return dq, ops.concat((kt, vt, dkt, dvt), -1)
 
 
-class RingAttentionCore(CommCell):
-    """Causal attention for local q (b, n, s, d), k/v (b, g, s, d) over the ring: returns
-    ``concat(out, lse)`` (b, n, s, d + 1); the row log-sum-exp rides along for the custom backward
-    (one output tensor for ``bprop``); callers keep ``[..., :d]``.
+class _RingAttention(CommCell):
+    """The ring kernel with its flag vector as an argument: ``construct(q, k, v, flags)`` and the
+    custom backward ``bprop(q, k, v, flags, out, dout)``, which reads no Parameter and shares no
+    Python function with the forward (see :func:`_backward_twin`). Built and fed by
+    :class:`RingAttentionCore`."""
 
-    The schedule is per member (``ring_schedule``); each step is its own Cell (graph mode unrolls
-    the step list into straight-line code) whose kind is a flag Parameter, so every member
-    compiles the same graph."""
-
-    def __init__(self, ring: ProcessGroup, shape_q, shape_kv, scale: float, load_balance: bool = True):
+    def __init__(self, ring: ProcessGroup, kinds, shape_q, shape_kv, scale: float, balanced: bool):
         super().__init__()
         b, n, s, d = shape_q
         g = shape_kv[1]
         self.repeat = n // g
         self.scale = float(scale)
         self.ring = ring.size
-        balanced = load_balance and self.ring > 1
-        if balanced and s % 2:
-            raise ValueError(f"ring attention: the local sequence {s} must be even for the load-balanced causal "
-                             f"ring (two chunks per rank)")
         half = s // 2
-        self.kinds = tuple(kind for _, kind in ring_schedule(self.ring, ring.local_rank, balanced))
         self.mask = Tensor(causal_mask_array(local_causal_positions(s, self.ring, balanced), MASK_VALUE))
         self.shift_kv = RingShift(ring, (b, g, s, 2 * d), ms.float32)
-        shift_all = RingShift(ring, (b, g, s, 4 * d), ms.float32)
-        self.forward_steps = nn.CellList([_ForwardStep(k, balanced, self.shift_kv, half, self.scale, self.repeat)
-                                          for k in self.kinds[1:]], auto_prefix=False)
-        self.backward_steps = nn.CellList([_BackwardStep(k, balanced, shift_all, half, self.mask, self.scale, g,
-                                                         self.repeat) for k in self.kinds], auto_prefix=False)
-        self.keep = K.KeepAlive()
+        self.forward_steps = nn.CellList([_ForwardStep(j, balanced, self.shift_kv, half, self.scale, self.repeat)
+                                          for j in range(1, len(kinds))], auto_prefix=False)
+        self.backward = _backward_twin()._RingBackward(ring, kinds, shape_q, shape_kv, self.scale, balanced,
+                                                       self.mask)
 
-    def construct(self, q, k, v):
+    def construct(self, q, k, v, flags):
         kv = ops.concat((k, v), -1)
         o, lse = _block(q, k, v, self.mask, self.scale, self.repeat)
         for step in self.forward_steps:
-            o, lse, kv = step(q, o, lse, kv)
+            o, lse, kv = step(q, o, lse, kv, flags)
         return ops.concat((o, lse), -1)
 
-    def bprop(self, q, k, v, out, dout):
+    def bprop(self, q, k, v, flags, out, dout):
+        return self.backward(q, k, v, flags, out, dout)
+
+
+class _RingBackward(CommCell):
+    """The ring's backward as a Cell (instantiated from :func:`_backward_twin`'s copy of this
+    module): the packed (K, V, dK, dV) travels the ring, each step adds this member's block
+    gradients, a last hop returns dK/dV to their owners."""
+
+    def __init__(self, ring: ProcessGroup, kinds, shape_q, shape_kv, scale: float, balanced: bool, mask):
+        super().__init__()
+        b, n, s, d = shape_q
+        g = shape_kv[1]
+        self.ring = ring.size
+        self.shift_back = RingShift(ring, (b, g, s, 2 * d), ms.float32)
+        shift_all = RingShift(ring, (b, g, s, 4 * d), ms.float32)
+        self.steps = nn.CellList([_BackwardStep(k, j, balanced, shift_all, s // 2, mask, scale, g, n // g)
+                                  for j, k in enumerate(kinds)], auto_prefix=False)
+
+    def construct(self, q, k, v, flags, out, dout):
         d = q.shape[-1]
         o, lse = out[..., :d], out[..., d:]
         do = dout[..., :d]
         dd = (do * o).sum(axis=-1, keepdims=True)
         # start after the forward has finished with its hops (dout depends on all of them)
-        kvd = self.keep(ops.concat((k, v, ops.zeros_like(k), ops.zeros_like(v)), -1), do)
+        kvd = _keep(ops.concat((k, v, ops.zeros_like(k), ops.zeros_like(v)), -1), do, flags)
         dq = ops.zeros_like(q)
-        for step in self.backward_steps:
-            dq, kvd = step(q, lse, do, dd, dq, kvd)
+        for step in self.steps:
+            dq, kvd = step(q, lse, do, dd, dq, kvd, flags)
         dkv = _split_last(kvd, 2)[1]             # (dK, dV) of the block this member holds now
         if self.ring > 1:
-            dkv = self.shift_kv(dkv)             # the last hop brings each member its own dK/dV
+            dkv = self.shift_back(dkv, flags)    # the last hop brings each member its own dK/dV
         dk, dv = _split_last(dkv, 2)
-        return dq, dk, dv
+        return dq, dk, dv, ops.zeros_like(flags)
+
+
+def _backward_twin():
+    """A second, private instance of this module, whose Cells and functions build the backward.
+
+    MindSpore 2.10, differentiating from PyNative a graph (``ms.jit``: an hsdp level3 island, a jit
+    pipeline stage) that holds a Cell ``bprop``, fails when the bprop and the forward call the same
+    Python function ("The pointer[func_graph->get_return()] is null", manager.cc MaybeDropFuncGraphs:
+    the shared function's graph is dropped with one of them). The twin's functions are other objects
+    with the same code, so nothing is shared."""
+    name = __name__ + "_backward_twin"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, __file__)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+class RingAttentionCore(CommCell):
+    """Causal attention for local q (b, n, s, d), k/v (b, g, s, d) over the ring: returns
+    ``concat(out, lse)`` (b, n, s, d + 1); the row log-sum-exp rides along for the custom backward
+    (one output tensor for ``bprop``); callers keep ``[..., :d]``.
+
+    The schedule is per member (``ring_schedule``); each step is its own Cell (graph mode unrolls
+    the step list into straight-line code) whose kind is read from this member's flag vector (a
+    non-trainable Parameter here, an argument of the kernel), so every member compiles the same
+    graph."""
+
+    def __init__(self, ring: ProcessGroup, shape_q, shape_kv, scale: float, load_balance: bool = True):
+        super().__init__()
+        s = shape_q[2]
+        self.ring = ring.size
+        balanced = load_balance and self.ring > 1
+        if balanced and s % 2:
+            raise ValueError(f"ring attention: the local sequence {s} must be even for the load-balanced causal "
+                             f"ring (two chunks per rank)")
+        self.kinds = tuple(kind for _, kind in ring_schedule(self.ring, ring.local_rank, balanced))
+        self.flags = K._flag_parameter(ring_flag_values(self.ring, ring.local_rank, self.kinds))
+        self.attend = _RingAttention(ring, self.kinds, shape_q, shape_kv, scale, balanced)
+        self.shift_kv = self.attend.shift_kv
+
+    def construct(self, q, k, v):
+        return self.attend(q, k, v, self.flags)
+
+
+class _AllToAll(CommCell):
+    """All-to-all inside the Ulysses group, ``construct(x, slots)`` with this rank's one-hot slot
+    vector as an argument: split ``x`` into ``n`` chunks along ``split_dim``, chunk ``j`` to member
+    ``j``, received chunks concatenated along ``concat_dim``. Native where the device has it; on
+    CPU an all-gather through AllReduce-SUM (slot ``j`` filled by member ``j``), then own chunks."""
+
+    def __init__(self, group: ProcessGroup, split_dim: int, concat_dim: int):
+        super().__init__()
+        self.n, self.index = group.size, group.local_rank
+        self.split_dim, self.concat_dim = split_dim, concat_dim
+        self.native = K.is_native("all_to_all", group)
+        if self.native:
+            self.prim = ops.AlltoAll(split_count=self.n, split_dim=split_dim, concat_dim=concat_dim,
+                                     group=group.name)
+        else:
+            self.reduce = K._SumAllReduce(group)
+
+    def construct(self, x, slots):
+        if self.native:
+            return self.prim(x)
+        n = self.n
+        size = x.shape[self.split_dim] // n
+        flags = (slots > 0.5).reshape((n,) + (1,) * x.ndim)
+        stacked = ops.broadcast_to(ops.expand_dims(x, 0), (n,) + x.shape)
+        everyone = self.reduce(ops.select(flags, stacked, ops.zeros_like(stacked)))
+        parts = ()
+        for j in range(n):
+            parts = parts + (ops.narrow(everyone[j], self.split_dim, self.index * size, size),)
+        return ops.concat(parts, self.concat_dim)
+
+
+class _UlyssesExchange(CommCell):
+    """Differentiable :class:`_AllToAll`: the backward is the inverse all-to-all (built from
+    :func:`_backward_twin`; the bprop reads the slot vector from its arguments, no Parameter)."""
+
+    def __init__(self, group: ProcessGroup, split_dim: int, concat_dim: int):
+        super().__init__()
+        self.forward_kernel = _AllToAll(group, split_dim, concat_dim)
+        self.backward_kernel = _backward_twin()._AllToAll(group, concat_dim, split_dim)
+
+    def construct(self, x, slots):
+        return self.forward_kernel(x, slots)
+
+    def bprop(self, x, slots, out, dout):
+        return self.backward_kernel(dout, slots), ops.zeros_like(slots)
 
 
 class ContextParallelAttention(CommCell):
@@ -346,8 +485,11 @@ class ContextParallelAttention(CommCell):
             self.pre_repeat = n // g
             g = n
         if self.u > 1:
-            self.a2a_in = Differentiable(K.AllToAllKernel(ulysses_group, 1, 2), K.AllToAllKernel(ulysses_group, 2, 1))
-            self.a2a_out = Differentiable(K.AllToAllKernel(ulysses_group, 2, 1), K.AllToAllKernel(ulysses_group, 1, 2))
+            slots = np.zeros((self.u,), np.float32)
+            slots[ulysses_group.local_rank] = 1.0
+            self.slots = K._flag_parameter(slots)
+            self.a2a_in = _UlyssesExchange(ulysses_group, 1, 2)
+            self.a2a_out = _UlyssesExchange(ulysses_group, 2, 1)
         self.core = RingAttentionCore(ring_group, (b, n // self.u, s * self.u, d), (b, g // self.u, s * self.u, d),
                                       scale, load_balance)
         self.compute_dtype = getattr(inner, "compute_dtype", ms.float32)
@@ -361,10 +503,10 @@ class ContextParallelAttention(CommCell):
             k = ops.repeat_interleave(k, self.pre_repeat, 1)
             v = ops.repeat_interleave(v, self.pre_repeat, 1)
         if self.u > 1:
-            q, k, v = self.a2a_in(q), self.a2a_in(k), self.a2a_in(v)
+            q, k, v = self.a2a_in(q, self.slots), self.a2a_in(k, self.slots), self.a2a_in(v, self.slots)
         o = self.core(q, k, v)[..., :self.head_dim]
         if self.u > 1:
-            o = self.a2a_out(o)
+            o = self.a2a_out(o, self.slots)
         if self.low_precision:
             o = ops.cast(o, self.compute_dtype)
         return ops.transpose(o, (0, 2, 1, 3)).reshape(b, s, -1)
