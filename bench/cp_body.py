@@ -10,7 +10,6 @@ from mindspore import Tensor, nn, ops
 
 from mindformers_core.common.sequence_placement import to_storage_order
 from mindformers_core.distributed import get_env
-from mindformers_core.distributed.comm import kernels as K
 from mindformers_core.sharding import context_parallel as C
 from mindformers_core.sharding.annotations import sharding_plan_of
 from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
@@ -29,15 +28,16 @@ def _instrument():
         orig = cls.construct
         saved.append((cls, orig))
 
-        def construct(self, x):
+        def construct(self, x, *rest):
             n = getattr(self, "n", 1)
             if n > 1:
                 _COUNT["bytes"] += int(factor(n) * x.size * x.itemsize)
                 _COUNT["calls"] += 1
-            return orig(self, x)
+            return orig(self, x, *rest)
         cls.construct = construct
-    wrap(C.RingShift, lambda n: 1)
-    wrap(K.AllToAllKernel, lambda n: (n - 1) / n)
+    for module in (C, C._backward_twin()):     # the backward's kernels come from the twin module
+        wrap(module.RingShift, lambda n: 1)
+        wrap(module._AllToAll, lambda n: (n - 1) / n)
 
     def restore():
         for cls, orig in saved:
