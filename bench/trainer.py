@@ -25,9 +25,13 @@ unrecorded. Writes bench/results/trainer.json (or ``--out``).
                             [--steps 10] [--warmup 2] [--threads N] [--no-trace]
 
 The machine these figures come from has 2 cores: run subsets (``--configs pp2 --modes jit --steps 8``).
-``--threads N`` caps each worker's CPU kernel thread pool (MindSpore's default is 25) and
-``--runtime-threads N`` its runtime_num_threads: the trainer has no setting for either, so the
-workers then run run_mindformer.py through a small wrapper written next to the assets.
+``--threads N`` sets each worker's CPU kernel threads through the trainer's ``MFC_CPU_THREADS``
+(default: the trainer's own default, cores // workers on the host; ``--threads 25`` is MindSpore's
+default, which the trainer used before it had the setting); the plain row sets the same number
+itself. ``--runtime-threads N`` sets runtime_num_threads through a small wrapper written next to the
+assets (the trainer has no setting for it). ``--repeats R`` runs every row R times (in turn, so
+that a slow phase of the shared machine spreads over the rows) and reports the median and min-max
+of the R medians.
 """
 import argparse
 import json
@@ -152,11 +156,9 @@ def free_port() -> int:
     return fp()
 
 
-CAPPED = """# written by bench/trainer.py: run_mindformer.py with MindSpore's CPU thread pools capped
+CAPPED = """# written by bench/trainer.py: run_mindformer.py with MindSpore's runtime_num_threads set
 import os, runpy, sys
 import mindspore as ms
-if os.environ.get("MFC_CPU_THREADS"):
-    ms.device_context.cpu.op_tuning.threads_num(int(os.environ["MFC_CPU_THREADS"]))
 if os.environ.get("MFC_RUNTIME_THREADS"):
     ms.set_context(runtime_num_threads=int(os.environ["MFC_RUNTIME_THREADS"]))
 sys.argv[0] = {script!r}
@@ -165,8 +167,8 @@ runpy.run_path({script!r}, run_name="__main__")
 
 
 def capped_script(root: str) -> str:
-    """A script running run_mindformer.py with the kernel / runtime thread pools capped from the
-    environment (the trainer has no setting for MindSpore's CPU kernel threads)."""
+    """A script running run_mindformer.py with runtime_num_threads from the environment (the
+    trainer has no setting for it; its CPU kernel threads are MFC_CPU_THREADS)."""
     path = os.path.join(root, "run_mindformer_capped.py")
     with open(path, "w") as f:
         f.write(CAPPED.format(script=os.path.join(ROOT, "run_mindformer.py")))
@@ -176,12 +178,13 @@ def capped_script(root: str) -> str:
 def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=900, runtime_threads=0,
             sync_transfers=False, recompute=False):
     out_dir = tempfile.mkdtemp(prefix=f"bench_trainer_{name}_{mode}_")
-    script = "run_mindformer.py" if not (threads or runtime_threads) else paths["capped"]
+    script = "run_mindformer.py" if not runtime_threads else paths["capped"]
     argv = [script, "--config", paths["yaml"], "--output_dir", out_dir, "--mode",
             0 if mode == "jit" else 1, "--runner_config.max_steps", steps,
             "--runner_config.batch_size", rows_per_microbatch(name), *flags]
     env = dict(os.environ)
     env.pop("MFC_PIPELINE_TRACE", None)
+    env.pop("MFC_CPU_THREADS", None)
     if sync_transfers:
         env["MFC_PIPELINE_SYNC_TRANSFERS"] = "1"
     if recompute:
@@ -467,14 +470,80 @@ def save_timeline_svg(row, traces, path):
     row["simulated_bubble"] = sim.bubble_ratio
 
 
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def summary_rows(rows):
+    """Per (config, mode) over the repeats: the median and min-max of the row medians and of the
+    ratios to ``1proc`` (paired by repeat; unpaired repeats use the median 1proc)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["config"], r["mode"]), []).append(r)
+    base = {k[1]: v for k, v in groups.items() if k[0] == "1proc"}
+    out = []
+    for (name, mode), rs in groups.items():
+        meds = [r["median_s"] for r in rs]
+        ones = {r.get("repeat"): r["median_s"] for r in base.get(mode, [])}
+        one_med = statistics.median(ones.values()) if ones else float("nan")
+        ratios = [r["median_s"] / ones.get(r.get("repeat"), one_med) for r in rs]
+        item = {"config": name, "mode": mode, "runs": len(rs), "median_s": statistics.median(meds),
+                "min_s": min(meds), "max_s": max(meds), "ratio": statistics.median(ratios),
+                "ratio_min": min(ratios), "ratio_max": max(ratios),
+                "max_rel_loss_diff": max((r.get("max_rel_loss_diff", 0.0) for r in rs), default=0.0),
+                "peak_rss_mb": max((max(r["peak_rss_mb"].values()) for r in rs if r["peak_rss_mb"]), default=0.0),
+                "step_times": [r["step_times"] for r in rs]}
+        bubbles = [(r["timeline_bubble"], r["simulated_bubble"]) for r in rs if "timeline_bubble" in r]
+        if bubbles:
+            item["bubble"] = [b[0] for b in bubbles]
+            item["simulated_bubble"] = [b[1] for b in bubbles]
+        out.append(item)
+    return out
+
+
+def print_summary(summary):
+    print()
+    print("over the repeats: median of the per-run medians [min-max], ratio to 1proc of the same run")
+    head = f"{'config':<9}{'mode':<9}{'runs':>5}{'s/step':>8}  {'min-max':<13}{'ratio':>7}  {'min-max':<12}{'loss diff':>10}"
+    print(head)
+    print("-" * len(head))
+    for r in summary:
+        print(f"{r['config']:<9}{r['mode']:<9}{r['runs']:>5}{r['median_s']:>8.3f}  "
+              f"{r['min_s']:.3f}-{r['max_s']:.3f}  {r['ratio']:>6.2f}x  {r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
+              f"{r['max_rel_loss_diff']:>12.0e}")
+    for mode in sorted({r["mode"] for r in summary}):
+        one = next((r for r in summary if r["config"] == "1proc" and r["mode"] == mode), None)
+        plain = next((r for r in summary if r["config"] == "plain" and r["mode"] == mode), None)
+        if one and plain:
+            print(f"overhead {mode}: 1proc / plain MindSpore = {one['median_s'] / plain['median_s']:.2f}x "
+                  f"(per run {one['min_s'] / plain['max_s']:.2f}-{one['max_s'] / plain['min_s']:.2f})")
+
+
+def merge(paths, out):
+    """``--merge``: the rows of several runs of this bench (one JSON each) summarised together."""
+    rows = []
+    for i, path in enumerate(paths):
+        with open(path) as f:
+            for r in json.load(f)["rows"]:
+                r["repeat"] = f"{i}:{r.get('repeat', 0)}"
+                rows.append(r)
+    summary = summary_rows(rows)
+    print_summary(summary)
+    with open(out, "w") as f:
+        json.dump({"merged": paths, "summary": summary, "rows": rows}, f, indent=1)
+    print(f"wrote {out}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--modes", nargs="+", default=["jit", "pynative"], choices=["jit", "pynative"])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
-    parser.add_argument("--threads", default="0",
-                        help="CPU kernel threads per worker: N, 0 (MindSpore's default, 25) or auto (cores / workers)")
+    parser.add_argument("--repeats", type=int, default=1, help="run every row this many times")
+    parser.add_argument("--threads", default="default",
+                        help="CPU kernel threads per worker: N (MFC_CPU_THREADS; 25 = MindSpore's default) or "
+                             "default (the trainer's: cores // workers)")
     parser.add_argument("--runtime-threads", type=int, default=0,
                         help="MindSpore runtime_num_threads per worker (0: MindSpore's default)")
     parser.add_argument("--recompute", action="store_true",
@@ -484,42 +553,57 @@ def main():
     parser.add_argument("--no-trace", action="store_true", help="pipeline rows without the step recording")
     parser.add_argument("--assets", default=os.path.join(ROOT, "bench", "results", "trainer_assets"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "trainer.json"))
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="summarise earlier runs' JSON files together (writes --out)")
     parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_worker:
         plain_worker(args.plain_worker, args.steps, int(args.threads))
         return
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     if args.steps <= args.warmup:
         parser.error(f"--steps={args.steps} must exceed --warmup={args.warmup}")
+    if args.threads not in ("default", "auto") and not (args.threads.isdigit() and int(args.threads) > 0):
+        parser.error(f"--threads={args.threads!r}: a positive integer or default")
     paths = assets(args.assets)
     rows = []
-    for mode in args.modes:
-        for name in args.configs:
-            workers, flags = CONFIGS[name]
-            start = time.time()
-            threads = (max(1, (os.cpu_count() or 1) // workers) if args.threads == "auto" else int(args.threads))
-            if flags is None:
-                result = run_plain(mode, args.steps, threads)
-            else:
-                trace = name.startswith("pp") and not args.no_trace
-                result = run_job(name, mode, workers, flags, paths, args.steps, threads, trace,
-                                 runtime_threads=args.runtime_threads, sync_transfers=args.sync_transfers,
-                                 recompute=args.recompute)
-            rows.append(summarise(name, mode, result, args.warmup))
-            if result.get("traces"):
-                svg = os.path.join(os.path.dirname(args.out), f"trainer_{name}_{mode}_timeline.svg")
-                save_timeline_svg(rows[-1], result["traces"], svg)
-            print(f"# {name} {mode}: {time.time() - start:.0f} s wall", flush=True)
+    for repeat in range(args.repeats):
+        for mode in args.modes:
+            for name in args.configs:
+                workers, flags = CONFIGS[name]
+                start = time.time()
+                threads = 0 if args.threads in ("default", "auto") else int(args.threads)
+                if flags is None:     # plain: the same number the trainer's default gives one worker
+                    result = run_plain(mode, args.steps, threads or max(1, cores()))
+                else:
+                    trace = name.startswith("pp") and not args.no_trace
+                    result = run_job(name, mode, workers, flags, paths, args.steps, threads, trace,
+                                     runtime_threads=args.runtime_threads, sync_transfers=args.sync_transfers,
+                                     recompute=args.recompute)
+                rows.append(summarise(name, mode, result, args.warmup))
+                rows[-1]["repeat"] = repeat
+                rows[-1]["load_average"] = os.getloadavg()[0]
+                if result.get("traces"):
+                    svg = os.path.join(os.path.dirname(args.out), f"trainer_{name}_{mode}_timeline.svg")
+                    save_timeline_svg(rows[-1], result["traces"], svg)
+                print(f"# {name} {mode} run {repeat + 1}/{args.repeats}: {time.time() - start:.0f} s wall, "
+                      f"load average {os.getloadavg()[0]:.1f}", flush=True)
     print()
     print(f"Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, FFN {FFN}, seq {SEQ}, vocab {VOCAB}, global batch "
           f"{GLOBAL_BATCH}; median of steps {args.warmup + 1}..{args.steps}; kernel threads "
-          f"{args.threads or 'default'}, runtime threads {args.runtime_threads or 'default'}"
+          f"{args.threads}, runtime threads {args.runtime_threads or 'default'}"
           f"{'; transfers synced' if args.sync_transfers else ''}{'; stages recompute' if args.recompute else ''}"
           f"; load average {os.getloadavg()[0]:.1f}")
-    print_table(rows)
+    for repeat in range(args.repeats):
+        print_table([r for r in rows if r["repeat"] == repeat])
+    summary = summary_rows(rows)
+    if args.repeats > 1:
+        print_summary(summary)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+        json.dump({"args": vars(args), "rows": rows, "summary": summary}, f, indent=1)
     print(f"wrote {args.out}")
 
 

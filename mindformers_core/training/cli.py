@@ -242,6 +242,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if rank0:
             for line in config.report.summary(os.path.basename(path)):
                 print(line, flush=True)
+        threads = cpu_threads(config, worker_num)    # before any kernel runs (and any process group)
+        if threads is not None and rank0:
+            print(f"{PROG}: {threads.describe()}", flush=True)
         from .trainer import Trainer
         if config.run_mode == "eval" and "overwrite_output_dir" in config:
             config["overwrite_output_dir"] = True          # eval writes no loss log or checkpoint
@@ -278,6 +281,68 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: training stopped: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+CPU_THREADS_ENV = "MFC_CPU_THREADS"
+
+
+class CpuThreads:
+    """MindSpore CPU kernel threads of this worker: ``value`` and where it came from."""
+
+    def __init__(self, value: int, source: str, applied: bool):
+        self.value, self.source, self.applied = value, source, applied
+
+    def describe(self) -> str:
+        if not self.applied:
+            return (f"CPU kernel threads already set in this process; {self.source} = {self.value} not applied "
+                    "(MindSpore sets them once per process)")
+        return f"CPU kernel threads per worker: {self.value} ({self.source})"
+
+
+def cpu_threads_setting(config, worker_num: int, environ=None, cores: Optional[int] = None) -> Tuple[int, str]:
+    """``(threads, source)`` for MindSpore's CPU kernel thread pool of each worker, checked:
+    ``MFC_CPU_THREADS`` (environment) wins over ``context.cpu_threads`` (YAML); neither set (null):
+    ``max(1, cores // local workers)``, the cores this process may run on shared by the workers on
+    this host (``MS_WORKER_NUM``: msrun's workers are taken to share one host; on several hosts set
+    the key). Raises ConfigError naming the key and the value."""
+    from .config import ConfigError
+    environ = os.environ if environ is None else environ
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    text = environ.get(CPU_THREADS_ENV)
+    if text not in (None, ""):
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1 or str(value) != text.strip():
+            raise ConfigError([f"{CPU_THREADS_ENV}={text!r} (environment): must be a positive integer (CPU kernel "
+                               f"threads per worker; unset: cores // local workers = {max(1, cores // worker_num)})"])
+        return value, f"{CPU_THREADS_ENV}"
+    context = config.get("context") or {}
+    value = context.get("cpu_threads")
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError([f"context.cpu_threads = {value!r}: must be a positive integer or null "
+                               f"(null: cores // local workers = {max(1, cores // worker_num)})"])
+        return value, "context.cpu_threads"
+    return max(1, cores // max(1, worker_num)), f"{cores} cores // {worker_num} local worker(s)"
+
+
+def cpu_threads(config, worker_num: int) -> Optional[CpuThreads]:
+    """Applies :func:`cpu_threads_setting` on CPU (``mindspore.device_context.cpu.op_tuning.threads_num``;
+    MindSpore's default is 25 per process, capped by the cores, whatever the number of processes on
+    the host). None on other devices. A process that already set it (an embedding program, a second
+    trainer in one process) keeps its value: MindSpore refuses to set it twice."""
+    import mindspore as ms
+    value, source = cpu_threads_setting(config, worker_num)
+    target = os.environ.get("MFC_DEVICE_TARGET") or (config.get("context") or {}).get("device_target") or "CPU"
+    if str(target).upper() != "CPU":
+        return None
+    from mindspore._c_expression import RuntimeConf
+    if RuntimeConf.get_instance().is_op_threads_num_configured():
+        return CpuThreads(value, source, applied=False)
+    ms.device_context.cpu.op_tuning.threads_num(value)
+    return CpuThreads(value, source, applied=True)
 
 
 def _without(argv: List[str], flags: Sequence[str]) -> List[str]:
@@ -318,9 +383,11 @@ def check(config, path: str, worker_num: int) -> int:
     from .shape import JobShape
     try:
         preflight(config, JobShape.from_config(config), worker_num, os.path.abspath(config.output_dir))
+        threads, source = cpu_threads_setting(config, worker_num)
     except ConfigError as e:
         raise ConfigError([config.report.rename(x) for x in e.errors], path) from None
     print_plan(config, worker_num)
+    print(f"  CPU kernel threads per worker: {threads} ({source})")
     for line in config.report.summary(os.path.basename(path)):
         print(line)
     print(f"{PROG}: {path} is valid for {worker_num} worker(s)", flush=True)

@@ -84,6 +84,9 @@ SCHEMA = Section({
     "context": Section({
         "mode": F("int", 1, "0 = GRAPH_MODE (ms.jit), 1 = PYNATIVE_MODE.", choices=(0, 1)),
         "device_target": F("str", "CPU", "MindSpore device.", choices=("CPU", "GPU", "Ascend")),
+        "cpu_threads": F("int|null", None, "Ours: MindSpore CPU kernel threads per worker "
+                         "(device_context.cpu.op_tuning.threads_num); null = cores // workers on the host; "
+                         "the MFC_CPU_THREADS environment variable wins.", min=1),
     }, "MindSpore context (mindspore.set_context)."),
     "parallel_config": Section({
         "data_parallel": F("int", 1, "Data-parallel size (dp).", min=1),
