@@ -100,13 +100,75 @@ def test_without_bias_correction_equals_nn_adamweightdecay(mode):
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-5 * np.abs(b.asnumpy()).max())
 
 
+def _fused_and_elementwise(bias_correction, steps=6):
+    """The same parameters, gradients (NaN at step 3: skipped) and schedule through the fused and
+    the elementwise AdamW; returns (fused params, elementwise params, numpy params, optimizers)."""
+    rng = np.random.default_rng(5)
+    init = [rng.standard_normal((8, 6)).astype(np.float32) * 0.5, rng.standard_normal((6,)).astype(np.float32),
+            rng.standard_normal((6,)).astype(np.float32)]
+    names = ["w", "b", "norm.gamma"]
+    sets = [[Parameter(Tensor(a), name=f"{tag}.{n}") for a, n in zip(init, names)] for tag in ("f", "e")]
+    schedule = CosineWithWarmUpLR(0.02, warmup_steps=2, total_steps=steps, lr_end=0.001)
+    fused = AdamW(sets[0], schedule, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, bias_correction=bias_correction)
+    elementwise = AdamW(sets[1], schedule, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                        bias_correction=bias_correction, fused=False)
+    assert fused.fused and not elementwise.fused
+    grads = [[rng.standard_normal(a.shape).astype(np.float32) for a in init] for _ in range(steps)]
+    grads[2][0][1, 1] = np.nan
+    return sets, (fused, elementwise), grads, init, schedule
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_fused_adamw_equals_the_elementwise_update_and_numpy(mode, bias_correction):
+    """The fused kernel (construct on float32 parameters) against the elementwise form it replaced
+    and a float64 NumPy AdamW over 6 steps, one of them skipped (NaN gradient, ok False)."""
+    sets, opts, grads, init, schedule = _fused_and_elementwise(bias_correction)
+    steps = []
+    for opt in opts:
+        def step(g, ok, opt=opt):
+            return opt(g, ok)
+        steps.append(_maybe_jit(step, mode))
+    applied, lrs, kept = [], [], []
+    for t, g in enumerate(grads):
+        ok = bool(np.isfinite(np.concatenate([x.ravel() for x in g])).all())
+        before = [[p.asnumpy().copy() for p in ps] + [m.asnumpy().copy() for m in o.moment1] for ps, o in zip(sets, opts)]
+        for fn in steps:
+            fn(ms.mutable(tuple(Tensor(x) for x in g)), Tensor(ok))
+        if ok:
+            applied.append(g)
+            lrs.append(schedule.at(len(lrs)))
+        else:       # skipped: parameters and moments bitwise as they were, the counter too
+            after = [[p.asnumpy() for p in ps] + [m.asnumpy() for m in o.moment1] for ps, o in zip(sets, opts)]
+            kept.append(all(np.array_equal(a, b) for x, y in zip(before, after) for a, b in zip(x, y)))
+    assert kept == [True]
+    assert [int(o.global_step.asnumpy()) for o in opts] == [len(applied)] * 2
+    want = numpy_adamw(init, applied, lrs, (0.9, 0.95), 1e-8, 0.1, decayed=[True, True, False],
+                       bias_correction=bias_correction)
+    for f, e, w in zip(sets[0], sets[1], want):
+        f, e = f.asnumpy(), e.asnumpy()
+        scale = np.abs(w).max()
+        # fused vs the old elementwise update: within 1e-6 of the tensor's scale
+        assert np.abs(f - e).max() <= 1e-6 * scale, (np.abs(f - e).max(), scale)
+        # and no further from float64 than the elementwise update is (+ one float32 ulp of the scale)
+        assert np.abs(f - w).max() <= np.abs(e - w).max() + 1.2e-7 * scale
+        np.testing.assert_allclose(f, w, rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_fused_needs_float32():
+    p = Parameter(Tensor(np.ones((2,), np.float16)), name="h")
+    assert not AdamW([p], 0.1).fused
+    with pytest.raises(ValueError, match=r"fused=True needs float32 parameters; got \['Float16'\]"):
+        AdamW([p], 0.1, fused=True)
+
+
 def test_apply_on_shard_views_equals_the_full_update():
     """What hsdp relies on: states shrunk to a shard + apply(narrow(param)) == narrow(full update)."""
     rng = np.random.default_rng(3)
     init = rng.standard_normal((6, 4)).astype(np.float32)
     grads = [rng.standard_normal((6, 4)).astype(np.float32) for _ in range(3)]
     full = Parameter(Tensor(init), name="full")
-    opt_full = AdamW([full], 0.1, weight_decay=0.05)
+    opt_full = AdamW([full], 0.1, weight_decay=0.05, fused=False)     # apply's own form on the whole
     pieces = []
     for k in range(2):
         p = Parameter(Tensor(init), name=f"copy{k}")

@@ -13,6 +13,18 @@ parameters whose name contains ``beta`` or ``gamma`` are not decayed; same eps p
 
 The moments are ordinary Parameters shaped like the parameters, so ``hsdp`` can shrink them to
 shards in place (``state_of``) and feed the optimizer shard views through ``apply``.
+
+``AdamW(...)(grads, ok)`` on float32 parameters (the trainer's update) runs MindSpore's fused
+``AdamWeightDecay`` kernel, one call per parameter updating it and its moments in place, instead
+of ~20 elementwise ops per parameter (PyNative: one kernel launch per parameter instead of ~20).
+Bias correction is folded into its scalar inputs, computed once per step::
+
+    k = sqrt(c2) / c1:  lr' = lr * k,  eps' = eps * sqrt(c2),  decay' = decay / k
+    p - lr' * (m / (sqrt(v) + eps') + decay' * p) = p - lr * (m_hat / (sqrt(v_hat) + eps) + decay * p)
+
+and a skipped step (``ok`` False) feeds it ``beta1 = beta2 = 1``, ``lr' = 0`` and zero gradients,
+which leaves parameters and moments bitwise as they were. ``apply`` (hsdp's shard views, other
+dtypes) keeps the elementwise form; the two agree within float32 rounding (tests/test_optim.py).
 """
 from __future__ import annotations
 
@@ -21,6 +33,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.ops import operations as P
 
 from .lr_schedule import as_schedule
 
@@ -68,12 +81,14 @@ class Optimizer(nn.Cell):
 
 class AdamW(Optimizer):
     """AdamW (see the module docstring). ``learning_rate`` is a float or a schedule Cell
-    (``CosineWithWarmUpLR``...); ``decay_filter(param) -> bool`` picks the decayed parameters."""
+    (``CosineWithWarmUpLR``...); ``decay_filter(param) -> bool`` picks the decayed parameters;
+    ``fused``: None = MindSpore's fused kernel when every parameter is float32, False = the
+    elementwise form (``apply``) everywhere."""
 
     def __init__(self, params: Sequence[Parameter], learning_rate=1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, bias_correction: bool = True,
-                 decay_filter: Optional[Callable] = None):
+                 decay_filter: Optional[Callable] = None, fused: Optional[bool] = None):
         super().__init__(params)
         if len(betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in betas):
             raise ValueError(f"AdamW: betas={tuple(betas)!r} must be two numbers in [0, 1)")
@@ -92,6 +107,14 @@ class AdamW(Optimizer):
         # steps taken so far (int32); the rate of step t+1 is learning_rate(t)
         self.global_step = Parameter(Tensor(np.zeros((), np.int32)), name="global_step",
                                      requires_grad=False)
+        # construct: the fused kernel where every parameter is float32 (fused=None), or not (False)
+        all_fp32 = all(p.dtype == ms.float32 for p in self.parameters)
+        if fused and not all_fp32:
+            raise ValueError("AdamW: fused=True needs float32 parameters; got "
+                             f"{sorted({str(p.dtype) for p in self.parameters})}")
+        self.fused = all_fp32 if fused is None else bool(fused)
+        self.fused_op = P.AdamWeightDecay()
+        self.decayed = tuple(d > 0 for d in self.decay)
 
     @staticmethod
     def _zeros(p: Parameter, prefix: str) -> Parameter:
@@ -105,7 +128,34 @@ class AdamW(Optimizer):
         """The rate the next step will use."""
         return float(self.learning_rate.at(int(self.global_step.asnumpy())))
 
-    def apply(self, values, grads, ok=None):
+    def construct(self, grads, ok=None):
+        if not self.fused:
+            new = self.apply(self.parameters, grads, ok)
+            out = ()
+            for i in range(len(self.parameters)):
+                out = out + (ops.assign(self.parameters[i], new[i]),)
+            return out
+        lr, c1, c2 = self._advance(ok)
+        root_c2 = ops.sqrt(c2)
+        k = root_c2 / c1
+        lr_k, eps_k = lr * k, self.eps * root_c2
+        decay_k = self.weight_decay / k
+        no_decay = ops.zeros_like(k)
+        beta1 = ops.full((), self.beta1, dtype=ms.float32)
+        beta2 = ops.full((), self.beta2, dtype=ms.float32)
+        if ok is not None:      # skipped: beta 1, rate 0, zero gradients leave p, m, v as they were
+            one = ops.ones_like(k)
+            beta1, beta2 = ops.where(ok, beta1, one), ops.where(ok, beta2, one)
+            lr_k = ops.where(ok, lr_k, no_decay)
+        out = ()
+        for i in range(len(self.parameters)):
+            g = grads[i] if ok is None else ops.where(ok, grads[i], ops.zeros_like(grads[i]))
+            out = out + (self.fused_op(self.parameters[i], self.moment1[i], self.moment2[i], lr_k, beta1, beta2,
+                                       eps_k, decay_k if self.decayed[i] else no_decay, g),)
+        return out
+
+    def _advance(self, ok):
+        """Counts the step (not when ``ok`` is False); returns its rate and bias corrections (Tensors)."""
         if ok is None:
             step = self.global_step + 1
         else:       # a skipped step leaves the counter (hence the lr position) where it was
@@ -119,6 +169,10 @@ class AdamW(Optimizer):
         else:
             c1 = ops.ones_like(t)
             c2 = ops.ones_like(t)
+        return ops.cast(lr, ms.float32), c1, c2
+
+    def apply(self, values, grads, ok=None):
+        lr, c1, c2 = self._advance(ok)
         out = ()
         for i in range(len(self.parameters)):
             out = out + (self._update(values[i], grads[i], self.moment1[i], self.moment2[i],
