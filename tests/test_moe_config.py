@@ -84,8 +84,12 @@ def test_qwen3_moe_model_keys_and_one_expert_is_dense(tmp_path):
      "model.model_config.num_experts = 4 with parallel_config.pipeline_stage = 2: mixture of experts with pipeline "
      "parallelism is not supported yet"),
     (["model.model_config.num_experts=4", "parallel_config.expert_parallel=2", "parallel_config.data_parallel=2",
-      "parallel.enable_parallel_optimizer=True"], 2,
-     "parallel_config.expert_parallel = 2 with parallel.enable_parallel_optimizer = True"),
+      "parallel.enable_parallel_optimizer=True", "hsdp.optimizer_level=level3", "context.mode=0"], 2,
+     "parallel_config.expert_parallel = 2 with hsdp.optimizer_level = 'level3' and context.mode = 0: level3 "
+     "compiles each unit apart"),
+    (["model.model_config.num_experts=6", "parallel_config.expert_parallel=3", "parallel_config.data_parallel=6",
+      "parallel.enable_parallel_optimizer=True", "hsdp.shard_size=2"], 6,
+     "hsdp.shard_size = 2 with parallel_config.expert_parallel = 3: hsdp: shard_size=2 with expert parallel size 3"),
     (["model.model_config.num_experts=4", "parallel_config.expert_parallel=2", "parallel_config.data_parallel=2",
       "parallel_config.context_parallel=2"], 4,
      "parallel_config.expert_parallel = 2 with parallel_config.context_parallel = 2"),
@@ -97,13 +101,16 @@ def test_preflight_names_moe_problems_before_any_process_group(overrides, worker
     assert any(message in line for line in e.value.errors), e.value.errors
 
 
-def test_a_good_moe_config_passes_the_shape_checks(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["parallel.enable_parallel_optimizer=True", "hsdp.optimizer_level=level2"],
+                                   ["parallel.enable_parallel_optimizer=True", "hsdp.optimizer_level=level3",
+                                    "context.mode=1"]])
+def test_a_good_moe_config_passes_the_shape_checks(extra, tmp_path):
     cfg = load_config(TINY, ["model.model_config.num_experts=4", "parallel_config.expert_parallel=2",
-                             "parallel_config.data_parallel=2", "use_parallel=True"], worker_num=2)
+                             "parallel_config.data_parallel=2", "use_parallel=True"] + extra, worker_num=2)
     try:
         preflight(cfg, JobShape.from_config(cfg), 2, str(tmp_path))
     except ConfigError as e:          # only file checks may complain (no corpus given here)
-        assert not [x for x in e.errors if "expert" in x or "num_experts" in x], e.errors
+        assert not [x for x in e.errors if "expert" in x or "num_experts" in x or "hsdp" in x], e.errors
 
 
 def test_model_config_messages_name_the_yaml_keys():

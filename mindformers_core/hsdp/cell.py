@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -19,13 +19,73 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 from ..distributed.env import get_env
 from ..distributed.process_group import new_group
 from ..sharding.annotations import is_sharded_parameter, layout_of
+from ..sharding.layout import as_layout
 from ..sharding.parallelizer import forget_cached_shapes
 from . import plan as P
-from .step import (Accumulate, Comm, DataParallelGradReducer, Drain, Gather, ShardedUpdate,
+from .step import (Accumulate, Comm, Drain, MultiGather, MultiGradReducer, ShardedUpdate,
                    accumulation_buffers)
 from .units import UnitGathering
 
 _IDS = itertools.count()
+
+
+def _dp_axes_of(layout) -> Tuple[str, ...]:
+    """The mesh axes a parallelized model's ``"dp"`` stands for: ``("dp",)``, or its axis group
+    (``("edp", "ep")`` on the expert mesh); ``()`` when the mesh has no data parallel."""
+    groups = getattr(layout, "axis_groups", None) or {}
+    if "dp" in groups:
+        return tuple(groups["dp"])
+    return ("dp",) if "dp" in layout.alias_name else ()
+
+
+def _param_domains(params):
+    """``(domains, domain of each parameter, dp axes)``: domain 0 (``None``) is every dp rank;
+    a parameter split over some of the dp axes (an expert weight over ``ep``) belongs to the domain
+    of the dp axes it is replicated over (``("edp",)``), in order of first appearance."""
+    domains: List[Optional[Tuple[str, ...]]] = [None]
+    domain_of: Dict[int, int] = {}
+    dp_axes: Tuple[str, ...] = ()
+    for p in params:
+        layout, k = layout_of(p), 0
+        axes = _dp_axes_of(layout) if layout is not None else ()
+        if axes:
+            dp_axes = axes
+            split = set(as_layout(layout).sharded_axes())
+            kept = tuple(a for a in axes if a not in split)
+            if kept != axes:
+                if kept not in domains:
+                    domains.append(kept)
+                k = domains.index(kept)
+        domain_of[id(p)] = k
+    return domains, domain_of, dp_axes
+
+
+def _domain_ranks(param, axes: Tuple[str, ...], dp_ranks: Sequence[int]) -> List[int]:
+    """The ranks along ``axes`` of ``param``'s mesh holding this rank, in data-parallel order."""
+    from ..sharding.dtensor import device_mesh_of
+    mesh = device_mesh_of(layout_of(param))
+    ranks = mesh.group_ranks(axes) if axes else [get_env().rank]
+    outside = sorted(set(ranks) - set(dp_ranks))
+    if outside:
+        raise ValueError(f"hsdp: {param.name!r} is replicated over ranks {sorted(ranks)} (mesh axes {list(axes)}), "
+                         f"but ranks {outside} are not in the data-parallel group {list(dp_ranks)}; leave "
+                         "dp_group=None to use the model's sharding plan")
+    return sorted(ranks, key=list(dp_ranks).index)
+
+
+class Domain:
+    """Ranks over which a set of parameters is replicated within data parallel, with its own hsdp
+    shard size and groups (``P.shard_rank_lists``)."""
+
+    def __init__(self, axes: Optional[Tuple[str, ...]], ranks: Sequence[int], shard_size: int, rank: int):
+        self.axes, self.ranks, self.shard_size = axes, list(ranks), shard_size
+        self.shard_ranks, self.replica_ranks = P.shard_rank_lists(self.ranks, shard_size, rank)
+        self.dp_group = self.shard_group = self.replica_group = None
+
+    def create_groups(self) -> None:
+        self.dp_group = new_group(self.ranks)
+        self.shard_group = new_group(self.shard_ranks)
+        self.replica_group = new_group(self.replica_ranks)
 
 
 class HSDPCell(nn.Cell):
@@ -40,33 +100,57 @@ class HSDPCell(nn.Cell):
         self.network = cell
         self.level, self.shard_size, self.threshold = level, shard_size, threshold
         self.accumulate_grad_step = accumulate_grad_step
-        shard_ranks, replica_ranks = P.shard_rank_lists(dp_ranks, shard_size, env.rank)
-        # creation order is the same on every rank: dp, shard, replica
-        self.dp_group = new_group(dp_ranks)
-        self.shard_group = new_group(shard_ranks)
-        self.replica_group = new_group(replica_ranks)
+        dp_ranks = list(dp_ranks)
+        # a domain = the ranks over which a parameter is replicated within data parallel: every
+        # dp rank (domain 0), or for expert parameters split over "ep" their expert-data-parallel
+        # group (docs/moe.md); each domain has its own shard and replica groups
+        params = list(cell.trainable_params())
+        domain_axes, domain_of, self.dp_axes = _param_domains(params)
+        self.domains: List[Domain] = []
+        for k, axes in enumerate(domain_axes):
+            if axes is None:
+                ranks, size = dp_ranks, shard_size
+            else:
+                owner = next(p for p in params if domain_of[id(p)] == k)
+                ranks = _domain_ranks(owner, axes, dp_ranks)
+                size = P.domain_shard_size(shard_size, len(dp_ranks), len(ranks))
+            self.domains.append(Domain(axes, ranks, size, env.rank))
+        # creation order is the same on every rank: per domain dp, shard, replica
+        for d in self.domains:
+            d.create_groups()
+        dense = self.domains[0]
+        self.dp_group, self.shard_group, self.replica_group = dense.dp_group, dense.shard_group, dense.replica_group
         self._tag = f"{next(_IDS)}"
-        index = self.shard_group.local_rank
         # a plain list attribute: nn.Cell would register (and rename) a list of Parameters
-        object.__setattr__(self, "_hsdp_params", list(cell.trainable_params()))
+        object.__setattr__(self, "_hsdp_params", params)
         self.plans: Dict[int, P.ParamPlan] = {}
+        self.domain_of: Dict[int, int] = {}
         for p in self._hsdp_params:
-            plan = P.plan_param(p.name, p.shape, p.itemsize, shard_size, threshold, index)
+            k = domain_of[id(p)]
+            d = self.domains[k]
+            plan = P.plan_param(p.name, p.shape, p.itemsize, d.shard_size, threshold, d.shard_group.local_rank)
+            if d.axes is not None:       # an expert parameter: its own data-parallel domain
+                n = d.dp_group.size
+                plan = dataclasses.replace(plan, reason=plan.reason + f" over {'x'.join(d.axes) or 'no axis'} "
+                                           f"({n} rank{'s' if n > 1 else ''})")
             if layout_of(p) is not None:   # already a tensor-parallel shard
                 plan = dataclasses.replace(plan, reason=plan.reason + " (of the local tp shard)")
             self.plans[id(p)] = plan
+            self.domain_of[id(p)] = k
         self.collectives = Parameter(Tensor(np.zeros((1,), np.float32)), name=f"hsdp_calls_{self._tag}",
                                      requires_grad=False)
-        self.comm = Comm(self.dp_group, self.shard_group, self.replica_group, self.collectives)
-        self.gather = Gather([pl for _, pl in self.sharded_params()], self.comm)
-        self._unit_gathers: Dict[tuple, Gather] = {}
+        self.comms = [Comm(d.dp_group, d.shard_group, d.replica_group, self.collectives) for d in self.domains]
+        self.comm = self.comms[0]
+        self.gather = self.multi_gather([pl for _, pl in self.sharded_params()],
+                                        [self.domain_of[id(p)] for p, _ in self.sharded_params()])
+        self._unit_gathers: Dict[tuple, MultiGather] = {}
         self._full = True
         self.units: Optional[UnitGathering] = None
         if level == "level3":
             self._reshard()
             self.units = UnitGathering(self, units)
         self._updaters: Dict[tuple, ShardedUpdate] = {}
-        self._reducers: Dict[tuple, DataParallelGradReducer] = {}
+        self._reducers: Dict[tuple, MultiGradReducer] = {}
 
     # ---- model ------------------------------------------------------------------------------
     def construct(self, *args, **kwargs):
@@ -84,12 +168,58 @@ class HSDPCell(nn.Cell):
         return int(self.collectives.asnumpy()[0])
 
     # ---- level3: parameters held as shards between steps -------------------------------------
-    def unit_gather(self, plans: Sequence[P.ParamPlan]) -> Gather:
-        """The bucketed all-gather of these parameters (built once per set)."""
-        key = tuple(id(pl) for pl in plans)
+    def unit_gather(self, params: Sequence[Parameter]) -> MultiGather:
+        """The bucketed all-gather of these parameters (built once per set; one per domain)."""
+        key = tuple(id(p) for p in params)
         if key not in self._unit_gathers:
-            self._unit_gathers[key] = Gather(list(plans), self.comm)
+            self._unit_gathers[key] = self.multi_gather([self.plans[id(p)] for p in params],
+                                                        [self.domain_of[id(p)] for p in params])
         return self._unit_gathers[key]
+
+    def multi_gather(self, plans: Sequence[P.ParamPlan], domains: Sequence[int]) -> MultiGather:
+        return MultiGather(list(plans), list(domains), self.comms)
+
+    def grad_reducer(self, params: Sequence[Parameter], scale: float) -> MultiGradReducer:
+        """The reduction of ``params``' gradients, each over its own domain (see ``MultiGradReducer``)."""
+        return MultiGradReducer([self.plans[id(p)] for p in params], [self.domain_of[id(p)] for p in params],
+                                self.level, self.comms, scale)
+
+    def params_of(self, plans: Sequence[P.ParamPlan]) -> List[Parameter]:
+        by_plan = {id(self.plans[id(p)]): p for p in self._hsdp_params}
+        return [by_plan[id(pl)] for pl in plans]
+
+    def norm_group(self):
+        """``(group, copies)`` for global-norm clipping: the group over which the squared norms are
+        summed (None: one rank) and ``copies(param, plan)``, how many of its ranks hold the same piece."""
+        level, dense = self.level, self.domains[0]
+        extra = [d for d in self.domains[1:]]
+        ratios = {len(dense.ranks) // len(d.ranks) for d in extra}
+        if len(ratios) > 1:
+            raise ValueError(f"hsdp: parameters replicated over data-parallel subgroups of different sizes "
+                             f"{sorted(len(d.ranks) for d in extra)}: global-norm clipping supports one expert size")
+        r = ratios.pop() if ratios else 1
+        S = dense.shard_size
+        L = P.lcm(S, r)
+        if L == S:
+            group = self.shard_group if S > 1 else None
+        else:   # the block of L consecutive dp ranks holding this rank
+            i = dense.ranks.index(get_env().rank)
+            group = new_group(dense.ranks[(i // L) * L:(i // L + 1) * L])
+
+        def copies(param, plan):
+            d = self.domains[self.domain_of[id(param)]]
+            split = plan.sharded and level != "level1"
+            if d is dense:
+                return L // S if split else L
+            held = L // r            # domain ranks in the block (one per ep slice each)
+            return held // d.shard_size if split else held
+        return group, copies
+
+    @property
+    def reduce_skip_axes(self) -> Tuple[str, ...]:
+        """Mesh axes hsdp reduces over (a parallelized model's ``"dp"`` and the axes it groups: ``edp``, ``ep``):
+        a model-parallel reducer before hsdp sums the others only."""
+        return ("dp",) + tuple(a for a in self.dp_axes if a != "dp")
 
     def sharded_params(self):
         """``[(parameter, plan)]`` of the parameters this wrapper shards."""
@@ -219,9 +349,7 @@ class HSDPCell(nn.Cell):
         key = tuple(id(p) for p in params)
         reducer = self._reducers.get(key)
         if reducer is None:
-            plans = [self.plans[id(p)] for p in params]
-            reducer = self._reducers[key] = DataParallelGradReducer(plans, self.level, self.comm,
-                                                        1.0 / self.dp_group.size)
+            reducer = self._reducers[key] = self.grad_reducer(params, 1.0 / self.dp_group.size)
         return reducer(tuple(grads), Tensor(np.zeros((), np.float32)))[0]
 
     def sharded_update(self, optimizer, params_sharded: bool = False) -> ShardedUpdate:
@@ -232,7 +360,9 @@ class HSDPCell(nn.Cell):
         if up is None:
             plans = self.optimizer_plans(optimizer)
             self.shard_optimizer(optimizer)
-            up = self._updaters[key] = ShardedUpdate(optimizer, plans, self.level, self.comm, params_sharded)
+            up = self._updaters[key] = ShardedUpdate(optimizer, plans, self.level, self.comm, params_sharded,
+                                                     comms=self.comms,
+                                                     domains=[self.domain_of[id(p)] for p in optimizer.parameters])
         return up
 
     def apply_gradients(self, grads: Sequence[Tensor], optimizer) -> None:
@@ -261,18 +391,39 @@ def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm:
                  norm_groups: Sequence = (), norm_weights: Optional[Sequence[float]] = None):
     """Global-norm clipping of hsdp-reduced gradients (None without ``max_grad_norm``): sharded
     pieces (level2/3) count once, pieces replicated over the shard group ``1/shard_size`` times
-    each; ``norm_groups`` (tensor/pipeline groups) and ``norm_weights`` extend it to model parallelism."""
+    each; ``norm_groups`` (tensor/pipeline groups) and ``norm_weights`` extend it to model parallelism.
+
+    With expert parameters (a second domain, see ``HSDPCell``) the squares are summed over the
+    ``lcm(shard_size, ep)`` consecutive dp ranks holding this rank: every expert slice and every
+    shard of the dense parameters lies in it; each piece is weighted by 1 / its copies there."""
     if max_grad_norm is None:
         return None
     from ..optim.clip import ClipGradNorm
-    level, s = wrapped.level, wrapped.shard_size
-    weights = [1.0 if (pl.sharded and level != "level1") else 1.0 / s for pl in plans]
+    params = wrapped.params_of(plans)
+    group, copies = wrapped.norm_group()
+    weights = [1.0 / copies(p, pl) for p, pl in zip(params, plans)]
     if norm_weights is not None:
         if len(norm_weights) != len(plans):
             raise ValueError(f"train_step: norm_weights has {len(norm_weights)} entries for {len(plans)} parameters")
         weights = [w * float(u) for w, u in zip(weights, norm_weights)]
-    groups = ([wrapped.shard_group] if s > 1 else []) + list(norm_groups)
+    groups = ([group] if group is not None else []) + list(norm_groups)
     return ClipGradNorm(max_grad_norm, groups, weights)
+
+
+def _refuse_expert_kernels_in_islands(units) -> None:
+    """Level3 under jit compiles each unit apart and differentiates it from PyNative; MindSpore 2.10
+    rejects a Cell ``bprop`` inside such a graph, and the expert-parallel all-to-all has one (measured:
+    "The params of function 'bprop' of Primitive or Cell requires the forward inputs as well as the
+    'out' and 'dout'"). Named before anything compiles."""
+    from ..sharding.expert_parallel import ExpertParallelExperts
+    for name, cell in units.units:
+        inner = [n for n, c in cell.cells_and_names() if isinstance(c, ExpertParallelExperts)]
+        if inner:
+            raise ValueError(f"hsdp level3 with mode='jit': unit {name or '<model>'!r} holds the expert-parallel "
+                             f"kernel ({name + '.' if name else ''}{inner[0]}); level3 compiles each unit apart and "
+                             "MindSpore 2.10 rejects the all-to-all's own backward inside it ('The params of "
+                             "function bprop ... requires the forward inputs'); use level1/level2 under jit, or "
+                             "level3 with mode='pynative'")
 
 
 class TrainStep:
@@ -313,13 +464,14 @@ class TrainStep:
         self.model_parallel_reducer = None
         if self.sharded_model:
             from ..sharding.parallelizer import GradientReducer
-            self.model_parallel_reducer = GradientReducer(self.params, skip_axes=("dp",))
+            self.model_parallel_reducer = GradientReducer(self.params, skip_axes=wrapped.reduce_skip_axes)
         self.loss_scale = float(dp) if self.sharded_model else 1.0
         scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)
-        self.reducer = DataParallelGradReducer(plans, wrapped.level, wrapped.comm, scale)
+        self.reducer = wrapped.grad_reducer(self.params, scale)
         self.units = wrapped.units
         self.updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
         if self.units is not None and mode == "jit":
+            _refuse_expert_kernels_in_islands(self.units)
             self.units.make_islands()
         self.clipper = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
         if step_guard is not None and step_guard.enabled and self.clipper is None:

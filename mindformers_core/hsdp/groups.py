@@ -12,11 +12,15 @@ from ..sharding.annotations import sharding_plan_of
 def plan_dp_ranks(cell) -> Optional[List[int]]:
     """For a model sharded by ``parallelize``: this rank's ranks along the plan's "dp" axis."""
     plan = sharding_plan_of(cell)
-    if plan is None or "dp" not in plan.mesh.alias_name:
+    if plan is None:
+        return None
+    groups = getattr(plan.mesh, "axis_groups", None) or {}
+    axes = tuple(groups["dp"]) if "dp" in groups else ("dp",) if "dp" in plan.mesh.alias_name else None
+    if axes is None:     # e.g. the expert mesh names "dp" as the axis group ("edp", "ep")
         return None
     from ..sharding.dtensor import device_mesh_of
     mesh = device_mesh_of(plan.mesh)
-    return list(mesh.group_ranks(("dp",)))
+    return list(mesh.group_ranks(axes))
 
 
 def dp_ranks(dp_group, cell=None) -> List[int]:

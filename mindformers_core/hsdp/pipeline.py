@@ -35,9 +35,8 @@ from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
 from ..sharding.annotations import is_sharded_parameter
 from . import plan as P
-from .cell import HSDPCell, norm_clipper
+from .cell import HSDPCell, _refuse_expert_kernels_in_islands, norm_clipper
 from .groups import dp_ranks, plan_dp_ranks
-from .step import DataParallelGradReducer
 
 STAGE_ATTRS = ("cell", "params", "stage_index", "stage_num", "dp_group")
 
@@ -205,12 +204,13 @@ class PipelineTrainStep:
         mp_reducer = None
         if sharded_model:
             from ..sharding.parallelizer import GradientReducer
-            mp_reducer = GradientReducer(self.params, skip_axes=("dp",))
+            mp_reducer = GradientReducer(self.params, skip_axes=wrapped.reduce_skip_axes)
         loss_scale = float(dp) if sharded_model else 1.0
-        reducer = DataParallelGradReducer(plans, wrapped.level, wrapped.comm, 1.0 if sharded_model else 1.0 / dp)
+        reducer = wrapped.grad_reducer(self.params, 1.0 if sharded_model else 1.0 / dp)
         self.units = wrapped.units
         updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
         if self.units is not None and mode == "jit":
+            _refuse_expert_kernels_in_islands(self.units)
             self.units.make_islands()
             for st in wrapped.stages:
                 st.compiled_inside = True

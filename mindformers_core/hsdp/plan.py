@@ -76,6 +76,34 @@ def check_stage_dp_ranks(dp_ranks: Sequence[int], pp_ranks: Sequence[int], rank:
                          "is the ranks holding the same stage and tensor-parallel position")
     return dp_ranks
 
+def domain_shard_size(shard_size: int, dp_size: int, domain_size: int, what: str = "expert") -> int:
+    """The shard size of parameters replicated over only ``domain_size`` of the ``dp_size``
+    data-parallel ranks (expert parameters: their expert-data-parallel group, ``dp / ep`` ranks).
+
+    The dp shard groups are ``shard_size`` consecutive dp ranks; with ``r = dp_size / domain_size``
+    (the expert-parallel size) a domain group takes every ``r``-th dp rank. Its shard groups stay
+    inside the dp shard groups: ``shard_size / r`` domain ranks when ``r`` divides ``shard_size``
+    (full ZeRO over dp is full ZeRO over the domain), 1 (not sharded) when ``shard_size`` divides
+    ``r``. Otherwise a dp shard group would hold a fraction of an expert copy: ValueError."""
+    if domain_size < 1 or dp_size % domain_size:
+        raise ValueError(f"hsdp: the {what} data-parallel group has {domain_size} ranks, which does not divide "
+                         f"the data-parallel size {dp_size}")
+    r = dp_size // domain_size
+    if shard_size % r == 0:
+        return shard_size // r
+    if r % shard_size == 0:
+        return 1
+    raise ValueError(f"hsdp: shard_size={shard_size} with {what} parallel size {r} (the {what} parameters are "
+                     f"replicated over {domain_size} of the {dp_size} data-parallel ranks): one of them must divide "
+                     f"the other; valid shard sizes are -1, the divisors of {r} and the multiples of {r} dividing "
+                     f"{dp_size}")
+
+
+def lcm(a: int, b: int) -> int:
+    from math import gcd
+    return a * b // gcd(a, b)
+
+
 @dataclass(frozen=True)
 class ParamPlan:
     """How one parameter is held. ``shape`` is the local (pre-hsdp) shape."""

@@ -161,7 +161,7 @@ class ShardedUpdate(nn.Cell):
     """
 
     def __init__(self, optimizer, plans: Sequence[ParamPlan], level: str, comm: Comm,
-                 params_sharded: bool = False):
+                 params_sharded: bool = False, comms: Sequence[Comm] = None, domains: Sequence[int] = None):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.in_place = level == "level3" and params_sharded
@@ -174,11 +174,9 @@ class ShardedUpdate(nn.Cell):
         self.level3 = level == "level3"
         gathered = [i for i, p in enumerate(plans) if p.sharded]
         self.gathered = tuple(gathered)
-        rows = Rows([plans[i] for i in gathered], comm.shard_size)
-        self.perm, self.inverse, self.offsets = tuple(rows.perm), tuple(rows.inverse), rows.offsets
-        self.moved_full = tuple(rows.moved_full)
-        self.s = comm.shard_size
-        self.all_gather = comm.all_gather
+        comms, domains = _domain_args(comm, comms, domains, len(plans))
+        # level1/2 rebuild the full parameters from the updated shards: one bucketed all-gather per domain
+        self.rebuild = MultiGather([plans[i] for i in gathered], [domains[i] for i in gathered], comms)
 
     def construct(self, grads, ok=None):
         params = self.optimizer.parameters
@@ -205,14 +203,12 @@ class ShardedUpdate(nn.Cell):
             elif self.level3:
                 shards = shards + (new[i],)
         if not self.level3 and len(self.gathered) > 0:   # level1/2: rebuild the full parameters
-            rows = ()
+            mine = ()
             for k in range(len(self.gathered)):
-                rows = rows + (_to_rows(new[self.gathered[k]], self.perm[k], 1),)
-            everyone = self.all_gather(ops.concat(rows, 1))          # (S, total)
+                mine = mine + (new[self.gathered[k]],)
+            fulls = self.rebuild(mine)
             for k in range(len(self.gathered)):
-                i = self.gathered[k]
-                block = everyone[:, self.offsets[k]:self.offsets[k + 1]].reshape(self.moved_full[k])
-                ops.assign(params[i], _from_moved(block, self.inverse[k]))
+                ops.assign(params[self.gathered[k]], fulls[k])
         return shards
 
 
@@ -237,6 +233,79 @@ class Gather(nn.Cell):
             block = everyone[:, self.offsets[k]:self.offsets[k + 1]].reshape(self.moved_full[k])
             out = out + (_from_moved(block, self.inverse[k]),)
         return out
+
+
+def _domain_args(comm, comms, domains, n):
+    """(comms, per-tensor domain): every tensor in ``comm``'s domain unless ``comms``/``domains`` say."""
+    if comms is None:
+        return [comm], [0] * n
+    return list(comms), [int(d) for d in (domains if domains is not None else [0] * n)]
+
+
+def _split_by_domain(domains: Sequence[int]):
+    """(domain keys in order, per key the tensor indices, per tensor (key position, index in key))."""
+    keys = sorted(set(domains))
+    members = [tuple(i for i, d in enumerate(domains) if d == key) for key in keys]
+    where = tuple((keys.index(d), members[keys.index(d)].index(i)) for i, d in enumerate(domains))
+    return keys, tuple(members), where
+
+
+class MultiGather(nn.Cell):
+    """``construct(shards) -> full tensors``: ``Gather`` per domain (each domain's shard group has
+    its own collectives: dense parameters over the dp shard group, expert parameters over their
+    expert-data-parallel shard group), results in the input order."""
+
+    def __init__(self, plans: Sequence[ParamPlan], domains: Sequence[int], comms: Sequence[Comm]):
+        super().__init__(auto_prefix=False)
+        keys, self.members, self.where = _split_by_domain(domains)
+        self.parts = nn.CellList([Gather([plans[i] for i in m], comms[k]) for k, m in zip(keys, self.members)])
+        self.count, self.n = len(keys), len(plans)
+
+    def construct(self, shards):
+        outs = ()
+        for j in range(self.count):
+            mine = ()
+            for i in self.members[j]:
+                mine = mine + (shards[i],)
+            outs = outs + (self.parts[j](mine),)
+        out = ()
+        for i in range(self.n):
+            out = out + (outs[self.where[i][0]][self.where[i][1]],)
+        return out
+
+
+class MultiGradReducer(nn.Cell):
+    """``DataParallelGradReducer`` per domain: each gradient reduced over its own parameter's
+    domain (expert parameters over the expert-data-parallel group, not the whole dp group); the
+    loss is the dp domain's (domain 0: every data-parallel rank)."""
+
+    def __init__(self, plans: Sequence[ParamPlan], domains: Sequence[int], level: str,
+                 comms: Sequence[Comm], scale: float):
+        super().__init__(auto_prefix=False)
+        keys, members, where = _split_by_domain(domains)
+        if 0 not in keys:                 # the loss is always reduced over the whole dp group
+            keys, members = [0] + keys, ((),) + members
+            where = tuple((k + 1, i) for k, i in where)
+        self.members, self.where = members, where
+        self.parts = nn.CellList([DataParallelGradReducer([plans[i] for i in m], level, comms[k], scale)
+                                  for k, m in zip(keys, members)])
+        self.count, self.n = len(keys), len(plans)
+
+    def construct(self, grads, loss):
+        outs = ()
+        total = loss
+        for j in range(self.count):
+            mine = ()
+            for i in self.members[j]:
+                mine = mine + (grads[i],)
+            reduced, summed = self.parts[j](mine, loss)
+            outs = outs + (reduced,)
+            if j == 0:
+                total = summed
+        out = ()
+        for i in range(self.n):
+            out = out + (outs[self.where[i][0]][self.where[i][1]],)
+        return out, total
 
 
 class Accumulate(nn.Cell):

@@ -126,7 +126,12 @@ class UnitGathering:
     def _gathered_bytes(self, p) -> int:
         """Bytes a gathered parameter holds beyond its shard."""
         plan = self.wrapped.plan_of(p)
-        return (plan.numel - plan.numel // self.wrapped.shard_size) * p.itemsize
+        if not hasattr(plan, "shard_shape"):      # a stand-in plan (tests): the dp shard size
+            return (plan.numel - plan.numel // self.wrapped.shard_size) * p.itemsize
+        shard = 1
+        for d in plan.shard_shape:     # the parameter's own domain's shard (expert params: over edp)
+            shard *= d
+        return (plan.numel - shard) * p.itemsize
 
     def _open(self, ids: Sequence[int]) -> None:
         need = [i for i in ids if self.open_count.get(i, 0) == 0]
@@ -135,7 +140,7 @@ class UnitGathering:
         if not need:
             return
         params = [self.sharded[i] for i in need]
-        gather = self.wrapped.unit_gather([self.wrapped.plan_of(p) for p in params])
+        gather = self.wrapped.unit_gather(params)
         with _no_grad():   # the gather is not part of the model: keep it off the autograd tape
             fulls = gather(tuple(params))
             # a real copy of the shard (x * 1 is exact): ``p.value()`` answers with PyNative's cached

@@ -175,12 +175,12 @@ class _Checks:
                                    "groups are carved out of data parallel)")
             for active, what, fix in ((shape.pp > 1, f"parallel_config.pipeline_stage = {shape.pp}", "pipeline_stage: 1"),
                                       (shape.cp > 1, f"parallel_config.context_parallel = {shape.cp}",
-                                       "context_parallel: 1"),
-                                      (shape.sharded_dp, "parallel.enable_parallel_optimizer = True",
-                                       "enable_parallel_optimizer: False")):
+                                       "context_parallel: 1")):
                 if active:
                     self.errors.append(f"{epk} with {what}: expert parallelism does not combine with it yet "
                                        f"(docs/moe.md, limits); set {fix} or expert_parallel: 1")
+            if shape.sharded_dp:     # hsdp shards expert parameters over their expert-data-parallel group
+                self.expert_hsdp_errors(epk, ep)
         if not moe or self.errors:
             return
         if shape.pp > 1:
@@ -195,6 +195,25 @@ class _Checks:
                                                                 context_parallel=shape.cp))
         except ValueError as e:
             self.errors.append(moe_key_message(str(e)))
+
+    def expert_hsdp_errors(self, epk: str, ep: int) -> None:
+        """Expert parallelism with hsdp (parallel.enable_parallel_optimizer): expert parameters are sharded
+        over their own expert-data-parallel group (docs/moe.md); what does not combine, named."""
+        cfg, shape = self.cfg, self.shape
+        level = cfg.hsdp.optimizer_level
+        if shape.jit and level == "level3":
+            self.errors.append(f"{epk} with hsdp.optimizer_level = 'level3' and context.mode = 0: level3 compiles each "
+                               "unit apart and differentiates it from PyNative, where MindSpore 2.10 rejects the "
+                               "expert all-to-all's own backward ('The params of function bprop ... requires the "
+                               "forward inputs'); use level1/level2, or context.mode: 1")
+        size = int(cfg.hsdp.shard_size)
+        size = shape.dp if size == -1 else size
+        if size >= 1 and shape.dp % ep == 0 and shape.dp % size == 0:
+            from ..hsdp.plan import domain_shard_size
+            try:
+                domain_shard_size(size, shape.dp, shape.dp // ep)
+            except ValueError as e:
+                self.errors.append(f"hsdp.shard_size = {cfg.hsdp.shard_size} with {epk}: {e}")
 
     # ------------------------------------------------------------------ sizes, model, schedule
     def shape_errors(self, worker_num: int) -> None:

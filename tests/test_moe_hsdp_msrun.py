@@ -1,0 +1,83 @@
+"""Expert parallelism with hsdp (ZeRO) under msrun equals one process: the MoE GPT of test_moe_msrun (experts over
+``ep``) wrapped by hsdp, 2 AdamW steps with global-norm clipping (every step clips: the norm must be the one
+process' norm), losses and gradient norms of every step and the weights merged from every rank, relative 1e-5
+(losses, norms, weights). Dense parameters are sharded over the
+dp shard group, expert parameters over their own expert-data-parallel group (edp = dp / ep ranks) and their
+gradients reduced over edp only.
+
+2 ranks: dp2 x ep2, hsdp level2 (edp has one rank: the experts stay whole on their rank, the dense
+parameters are sharded over both), PyNative and jit; level3 under jit is refused by name. 4 ranks: dp4 = edp2 x
+ep2 with the experts sharded over their 2-rank edp group: level1 PyNative, level2 jit, level3 PyNative (per-unit
+gathering, a decoder layer = one unit)."""
+import numpy as np
+import pytest
+
+from tests.msrun_batch import job
+from tests.bodies.moe_hsdp_body import reference
+from tests.test_gpt_tp_msrun import _merge
+
+pytestmark = pytest.mark.msrun
+LOSS_TOL = 1e-5
+# 2 AdamW steps: measured weights within 6e-6 (AdamW can amplify fp32 reduction-order noise, see
+# tests/test_hsdp_tp_msrun.py, which holds 3 steps to 1e-4; 2 steps here stay inside the project's 1e-5)
+WEIGHT_TOL = 1e-5
+
+EP2_HSDP = job("moe_ep2_hsdp", 2, "tests.bodies.moe_hsdp_body:run",
+               {"configs": {"dp2_ep2_level2": {"dp": 2, "ep": 2, "level": "level2", "modes": ["pynative", "jit"]},
+                            "dp2_ep2_level3_jit": {"dp": 2, "ep": 2, "level": "level3", "modes": ["jit"],
+                                                   "refused": True}}},
+               timeout=600, group=__name__)
+# one mode per level on 4 ranks (level2 is proven in both modes on 2 ranks)
+EP2_DP2_HSDP = job("moe_ep2_dp2_hsdp", 4, "tests.bodies.moe_hsdp_body:run",
+                   {"configs": {"dp4_ep2_level1": {"dp": 4, "ep": 2, "level": "level1", "modes": ["pynative"]},
+                                "dp4_ep2_level2": {"dp": 4, "ep": 2, "level": "level2", "modes": ["jit"]},
+                                "dp4_ep2_level3": {"dp": 4, "ep": 2, "level": "level3", "modes": ["pynative"]}}},
+                   timeout=900, group=__name__)
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    return reference()
+
+
+def _check(results, ref, keys):
+    for key in keys:
+        want = ref[key.split("/")[1]]
+        for rank, per_rank in enumerate(results):
+            for what in ("losses", "norms"):
+                got = np.array(per_rank[key][what])
+                rel = np.abs(got - want[what]) / np.abs(want[what])
+                assert rel.max() <= LOSS_TOL, f"{key} rank {rank}: {what} {got} vs {want[what]}"
+        merged = _merge(results, key)
+        assert sorted(merged) == sorted(want["weights"])
+        for name, full in merged.items():
+            assert not np.isnan(full).any(), f"{key}: {name} not covered by the shards"
+            expect = want["weights"][name]
+            err = np.abs(full - expect).max() / np.abs(expect).max()
+            assert err <= WEIGHT_TOL, f"{key}: {name} differs by {err:.2e}"
+    assert max(ref["pynative"]["norms"]) > 1.0 and ref["pynative"]["losses"][-1] < ref["pynative"]["losses"][0]
+
+
+def _row(describe, name):
+    return next(line for line in describe.splitlines() if line.startswith(name))
+
+
+def test_ep2_with_hsdp_level2(single_process):
+    results = EP2_HSDP.results()
+    _check(results, single_process, ["dp2_ep2_level2/pynative", "dp2_ep2_level2/jit"])
+    table = results[0]["dp2_ep2_level2/pynative"]["describe"]
+    # the router (dense) is sharded over both dp ranks; an expert weight (its rank's 2 experts) has a one-rank
+    # expert-data-parallel group: nothing to shard it over
+    assert "split 2 ways" in _row(table, "decoder.layers.1.mlp.router.weight")
+    assert "shard_size=1 (pure data parallel) over edp (1 rank)" in _row(table, "decoder.layers.1.mlp.experts.w_gate")
+    # level3 under jit compiles each unit apart: MindSpore 2.10 rejects the all-to-all's bprop there; named first
+    error = results[0]["dp2_ep2_level3_jit/jit"]["error"]
+    assert "hsdp level3 with mode='jit': unit 'decoder.layers.1' holds the expert-parallel kernel" in error
+
+
+def test_ep2_dp2_with_hsdp_levels(single_process):
+    results = EP2_DP2_HSDP.results()
+    _check(results, single_process, ["dp4_ep2_level1/pynative", "dp4_ep2_level2/jit", "dp4_ep2_level3/pynative"])
+    table = results[0]["dp4_ep2_level2/jit"]["describe"]
+    assert "split 4 ways" in _row(table, "decoder.layers.1.mlp.router.weight")
+    assert "dim 0 split 2 ways over edp (2 ranks)" in _row(table, "decoder.layers.1.mlp.experts.w_gate")
