@@ -2,8 +2,8 @@
 weights merged from every rank's shards (relative 1e-5), in PyNative and under ms.jit. The sequence is
 split over the ``cp`` mesh axis end to end (inputs in storage order, true RoPE positions, loss = mean
 over all tokens); attention runs the ring / Ulysses / hybrid kernel. 2 ranks: ring cp2 with and without
-causal load balancing, Ulysses cp2; 4 ranks: ring cp4, Ulysses cp4, cp2 x tp2 (PyNative), dp2 x cp2
-(jit), hybrid (Ulysses 2 x ring 2, both modes)."""
+causal load balancing, Ulysses cp2; 4 ranks: ring cp4 (both modes), Ulysses cp4 and cp2 x tp2 (PyNative),
+dp2 x cp2 and hybrid (Ulysses 2 x ring 2) in both modes."""
 import numpy as np
 import pytest
 
@@ -15,15 +15,16 @@ pytestmark = pytest.mark.msrun
 CP2 = job("gpt_cp2", 2, "tests.bodies.gpt_cp_body:run",
           {"configs": {"ring_cp2": {"cp": 2}, "ring_cp2_unbalanced": {"cp": 2, "balance": False},
                        "ulysses_cp2": {"cp": 2, "algo": "ulysses"}}}, timeout=600, group=__name__)
-# on 4 ranks each kernel runs in one mode where the same kernel is proven in the other mode elsewhere
-# (ring and Ulysses under jit at cp2 above; the trainer runs cp2 x tp2 Ulysses under jit and dp2 x cp2
-# ring in PyNative), so the 4-rank launch stays short; the hybrid runs in both
+# on 4 ranks Ulysses and cp2 x tp2 run in one mode where the same code is proven in the other mode
+# elsewhere (Ulysses under jit at cp2 above; the trainer runs cp2 x tp2 Ulysses under jit), so the 4-rank
+# launch stays short; the ring of 4 (hops through two-rank pairs, not the two-rank swap of cp2), the
+# hybrid and dp2 x cp2 (the trainer's dp2 x cp2 job is jit) run in both
 CP4 = job("gpt_cp4", 4, "tests.bodies.gpt_cp_body:run",
-          {"configs": {"ring_cp4": {"cp": 4, "modes": ["pynative"]},
+          {"configs": {"ring_cp4": {"cp": 4},
                        "ulysses_cp4": {"cp": 4, "algo": "ulysses", "modes": ["pynative"]},
                        "hybrid_u2_r2": {"cp": 4, "algo": "hybrid", "ulysses": 2},
                        "cp2_tp2": {"cp": 2, "tp": 2, "modes": ["pynative"]},
-                       "dp2_cp2": {"dp": 2, "cp": 2, "modes": ["jit"]}}},
+                       "dp2_cp2": {"dp": 2, "cp": 2}}},
           timeout=900, group=__name__)
 
 

@@ -488,7 +488,11 @@ class ContextParallelAttention(CommCell):
             slots = np.zeros((self.u,), np.float32)
             slots[ulysses_group.local_rank] = 1.0
             self.slots = K._flag_parameter(slots)
-            self.a2a_in = _UlyssesExchange(ulysses_group, 1, 2)
+            # one Cell per call site: a compiled unit differentiated from PyNative (hsdp level3) must
+            # not reuse one custom-backward Cell for inputs of different shapes (q vs GQA k/v)
+            self.a2a_q = _UlyssesExchange(ulysses_group, 1, 2)
+            self.a2a_k = _UlyssesExchange(ulysses_group, 1, 2)
+            self.a2a_v = _UlyssesExchange(ulysses_group, 1, 2)
             self.a2a_out = _UlyssesExchange(ulysses_group, 2, 1)
         self.core = RingAttentionCore(ring_group, (b, n // self.u, s * self.u, d), (b, g // self.u, s * self.u, d),
                                       scale, load_balance)
@@ -503,7 +507,7 @@ class ContextParallelAttention(CommCell):
             k = ops.repeat_interleave(k, self.pre_repeat, 1)
             v = ops.repeat_interleave(v, self.pre_repeat, 1)
         if self.u > 1:
-            q, k, v = self.a2a_in(q, self.slots), self.a2a_in(k, self.slots), self.a2a_in(v, self.slots)
+            q, k, v = self.a2a_q(q, self.slots), self.a2a_k(k, self.slots), self.a2a_v(v, self.slots)
         o = self.core(q, k, v)[..., :self.head_dim]
         if self.u > 1:
             o = self.a2a_out(o, self.slots)
