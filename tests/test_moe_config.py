@@ -77,13 +77,6 @@ def test_qwen3_moe_model_keys_and_one_expert_is_dense(tmp_path):
     (["model.model_config.num_experts=8", "model.model_config.moe_token_drop_policy=probs"], 1,
      "model.model_config.moe_token_drop_policy = 'probs': must be one of ['position']"),
     (["model.model_config.num_experts=4", "parallel_config.expert_parallel=2", "parallel_config.data_parallel=2",
-      "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2"], 4,
-     "parallel_config.expert_parallel = 2 with parallel_config.pipeline_stage = 2: expert parallelism does not "
-     "combine with it yet"),
-    (["model.model_config.num_experts=4", "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2"], 2,
-     "model.model_config.num_experts = 4 with parallel_config.pipeline_stage = 2: mixture of experts with pipeline "
-     "parallelism is not supported yet"),
-    (["model.model_config.num_experts=4", "parallel_config.expert_parallel=2", "parallel_config.data_parallel=2",
       "parallel.enable_parallel_optimizer=True", "hsdp.optimizer_level=level3", "context.mode=0"], 2,
      "parallel_config.expert_parallel = 2 with hsdp.optimizer_level = 'level3' and context.mode = 0: level3 "
      "compiles each unit apart"),

@@ -81,3 +81,41 @@ def test_moe_stages_match_the_whole_model(schedule, mode):
     # the router weight of the first stage's MoE layer gets the load-balancing loss's gradient
     router = want_grads["decoder.layers.1.mlp.router.weight"]
     assert np.abs(router).max() > 0
+
+
+@pytest.mark.parametrize("extra, workers", [
+    (["parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2"], 2),
+    (["parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=2", "parallel_config.data_parallel=2",
+      "parallel_config.expert_parallel=2"], 4),
+    (["parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=4", "parallel_config.data_parallel=2",
+      "parallel_config.expert_parallel=2", "parallel.pipeline_config.pipeline_scheduler=dualpipev",
+      "parallel.pipeline_config.pipeline_interleave=2", "model.model_config.num_layers=4"], 4)])
+def test_moe_with_pipeline_passes_the_preflight(extra, workers, tmp_path):
+    """pp x MoE and pp x ep (1F1B, DualPipeV) are no longer refused before the process groups."""
+    import os
+    from mindformers_core.training import ConfigError, load_config
+    from mindformers_core.training.preflight import preflight
+    from mindformers_core.training.shape import JobShape
+    tiny = os.path.join(os.path.dirname(os.path.dirname(__file__)), "research", "llama", "llama_tiny.yaml")
+    cfg = load_config(tiny, ["model.model_config.num_experts=4", "use_parallel=True"] + extra, worker_num=workers)
+    try:
+        preflight(cfg, JobShape.from_config(cfg), workers, str(tmp_path))
+    except ConfigError as e:          # only file checks may complain (no corpus given here)
+        assert not [x for x in e.errors if "expert" in x or "pipeline" in x], e.errors
+
+
+def test_moe_monitor_gathers_the_stages_layers():
+    """The trainer's MoE report on a pipeline rank: its stages' MoE layers sit at their global slots (layer 0 is
+    dense), the others are zero (filled by the all-reduce from the ranks holding them)."""
+    from mindformers_core.training.moe_log import MoEMonitor
+    cfg = make_config(stages=2)
+    last = GPTModel(cfg, pp_rank=1)                 # layers 2, 3: MoE slots 1, 2 of the MoE layers 1, 2, 3
+    monitor = MoEMonitor([last], cfg)
+    assert monitor.num_layers == 3 and monitor.slots == [1, 2]
+    tokens = np.random.RandomState(0).randint(0, VOCAB, (2, SEQ + 1)).astype(np.int32)
+    hidden = Tensor(np.random.RandomState(1).standard_normal((2, SEQ, 16)).astype(np.float32))
+    last(hidden, Tensor(tokens[:, 1:]))
+    record, text = monitor()
+    assert record["expert_load"][0] == [0.0] * 4
+    assert [sum(x) for x in record["expert_load"][1:]] == [2 * SEQ * 2] * 2     # every token's 2 choices
+    assert record["aux_loss"] > 0 and "aux" in text

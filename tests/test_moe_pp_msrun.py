@@ -41,3 +41,50 @@ def test_pp2_moe_1f1b_and_dualpipev(single_process):
 def test_pp2_dp2_ep2_moe_1f1b_and_dualpipev(single_process):
     _check(PP2_EP2.results(), single_process, list(PP2_EP2.kwargs["configs"]),
            {"pp2_dp2_ep2_1f1b": ["jit"], "pp2_dp2_ep2_dualpipev": ["pynative"]})
+
+
+# the YAML trainer (run_mindformer.py): the tiny Llama made MoE by overrides (both layers MoE, so the first stage
+# keeps a load-balancing loss of its own; expert bias moved after every step), pp2 x dp2 with ep2, 1F1B, PyNative
+def _moe_keys():
+    from tests.test_moe_msrun import MOE_KEYS
+    keys = list(MOE_KEYS)
+    keys[keys.index("--model.model_config.first_k_dense_replace") + 1] = 0
+    return keys
+
+
+PP2_EP2_ARGS = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num",
+                2, "--parallel_config.data_parallel", 2, "--parallel_config.expert_parallel", 2,
+                "--runner_config.batch_size", 1]     # rows per micro-batch and data-parallel rank: 4 rows a step
+
+
+def _trainer_kwargs():
+    import tempfile
+    from tests.test_moe_msrun import ASSETS
+    from tests.test_trainer import build_assets
+    tiny = build_assets(ASSETS)
+    return {"yaml": tiny["yaml"], "out_root": tempfile.mkdtemp(prefix="mfc_moe_pp2_ep2_"),
+            "argv": _moe_keys() + PP2_EP2_ARGS, "modes": [1]}
+
+
+TRAINER_PP2_EP2 = job("moe_trainer_pp2_ep2", 4, "tests.bodies.moe_body:run_trainer", _trainer_kwargs, timeout=600,
+                      group=__name__)
+
+
+def test_trainer_pp2_ep2_matches_one_process():
+    """run_mindformer.py, pp2 x dp2 x ep2 (1F1B, 2 microbatches) on 4 workers = one process: the logged loss (CE +
+    both layers' load-balancing loss, one of them made on the first stage), the logged aux loss and the expert load
+    of every step, with the expert bias moved after every step from the counts of both stages."""
+    import tempfile
+    import numpy as np
+    from tests.bodies.moe_body import run_trainer
+    got = TRAINER_PP2_EP2.results()[0][1]
+    want = run_trainer(TRAINER_PP2_EP2.used_kwargs["yaml"], tempfile.mkdtemp(prefix="mfc_moe_pp_one_"),
+                       _moe_keys() + ["--runner_config.batch_size", 4], modes=(1,))[1]
+    assert len(got) == len(want) == 3
+    for key in ("loss", "aux_loss"):
+        a, b = np.array([r[key] for r in got]), np.array([r[key] for r in want])
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), (key, a, b)
+    # tokens per expert per micro-batch: the pipeline's micro-batch is half of the one process's batch
+    np.testing.assert_allclose(np.array([r["expert_load"] for r in got]) * 2, [r["expert_load"] for r in want],
+                               atol=1e-3)
+    assert want[-1]["loss"] < want[0]["loss"]

@@ -73,12 +73,12 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
                                      layers_per_stage=counts)
             _parallelize_stage(chunk, mcfg, s, topo, mesh, ids)
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
-            for p in chunk.trainable_params():
+            for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
                 p.name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", p.name)
         _apply_recompute(cfg, chunk, topo.rank, log)
         chunks.append(chunk)
     params = [p for chunk in chunks for p in chunk.trainable_params()]
-    moe = moe_monitor(chunks[0], mcfg) if shape.pp == 1 else None
+    moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe)
 
 

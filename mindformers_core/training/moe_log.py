@@ -21,21 +21,42 @@ from ..distributed.process_group import world_group
 from ..transformer.moe import AuxLossProbe, expert_bias_update, routers_of
 
 
+def _moe_layers(chunks):
+    """``{global layer index: (router, probe or None)}`` of this rank's model chunks (pipeline stages)."""
+    out = {}
+    for chunk in chunks:
+        numbers = getattr(getattr(chunk, "decoder", None), "layer_numbers", None)
+        probes = {path.rsplit(".mlp.", 1)[0]: c for path, c in chunk.cells_and_names() if isinstance(c, AuxLossProbe)}
+        for path, router in routers_of(chunk):
+            layer = path.rsplit(".mlp.", 1)[0]
+            local = int(layer.rsplit(".", 1)[1])
+            out[numbers[local] - 1 if numbers else local] = (router, probes.get(layer))
+    return out
+
+
 class MoEMonitor:
-    """Reads, reduces and resets the MoE counters of ``model`` (one pipeline stage: the whole model)."""
+    """Reads, reduces and resets the MoE counters of ``model`` (the whole model, or a list of this rank's
+    pipeline stage chunks). Every rank contributes a vector over the whole model's MoE layers (zeros for
+    the layers other pipeline stages hold), so the one all-reduce also gathers the stages."""
 
     def __init__(self, model, config):
-        self.routers = [r for _, r in routers_of(model)]
-        self.probes = [c for _, c in model.cells_and_names() if isinstance(c, AuxLossProbe)]
+        mine = _moe_layers(model if isinstance(model, (list, tuple)) else [model])
+        all_moe = [i for i in range(config.num_layers) if config.is_moe_layer(i + 1)]
+        self.slots = [all_moe.index(i) for i in sorted(mine)]        # this rank's layers among all MoE layers
+        self.num_layers, self.num_experts = len(all_moe), config.num_moe_experts
+        self.routers = [mine[i][0] for i in sorted(mine)]
+        self.probes = [mine[i][1] for i in sorted(mine) if mine[i][1] is not None]
+        self.has_aux = config.moe_aux_loss_coeff > 0 and config.moe_router_load_balancing_type != "none"
         dp, cp, tp = config.data_parallel_size, config.context_parallel_size, config.tensor_model_parallel_size
         self.world = dp * cp * tp
         # ranks holding the same tokens count them again: tensor parallel without sequence parallel
         self.replication = 1 if config.sequence_parallel else tp
-        self.reduce = AllReduceKernel(world_group(), "sum") if self.world > 1 else None
+        group = world_group()     # pipeline stages too: each layer's counts come from its stage's ranks only
+        self.reduce = AllReduceKernel(group, "sum") if group.size > 1 else None
         self.reset()
 
     def __bool__(self) -> bool:
-        return bool(self.routers)
+        return self.num_layers > 0
 
     def reset(self) -> None:
         for cell in self.routers + self.probes:
@@ -44,21 +65,24 @@ class MoEMonitor:
                     ops.assign(p, ops.zeros(p.shape, ms.float32))
 
     def __call__(self) -> Tuple[Dict[str, Any], str]:
-        parts = [r.tokens_per_expert.asnumpy() for r in self.routers] + \
-                [np.array([r.forwards.asnumpy() for r in self.routers], np.float32)]
-        parts += [np.array([p.aux_sum.asnumpy() for p in self.probes] + [p.forwards.asnumpy() for p in self.probes],
-                           np.float32)]
-        vec = np.concatenate([np.ravel(x) for x in parts]).astype(np.float32)
+        n, E = self.num_layers, self.num_experts
+        a = n if self.has_aux else 0
+        vec = np.zeros((n * E + n + 2 * a,), np.float32)     # counts, router forwards, aux sums, aux forwards
+        for slot, r in zip(self.slots, self.routers):
+            vec[slot * E:(slot + 1) * E] = r.tokens_per_expert.asnumpy()
+            vec[n * E + slot] = r.forwards.asnumpy()
+        probe_slots = self.slots if a else []
+        for slot, p in zip(probe_slots, self.probes):
+            vec[n * E + n + slot] = p.aux_sum.asnumpy()
+            vec[n * E + n + a + slot] = p.forwards.asnumpy()
         if self.reduce is not None:
             vec = self.reduce(Tensor(vec)).asnumpy()
-        n, E = len(self.routers), self.routers[0].num_experts
         counts = vec[:n * E].reshape(n, E) / self.replication
         forwards = np.maximum(vec[n * E:n * E + n] / self.world, 1.0)     # forwards per rank, per layer
         load = counts / forwards[:, None]                                  # tokens per expert per micro-batch
-        a = len(self.probes)
         aux_sum, aux_forwards = vec[n * E + n:n * E + n + a], vec[n * E + n + a:]
         aux = float(np.sum(aux_sum / np.maximum(aux_forwards, 1.0))) if a else None
-        for router, layer_load in zip(self.routers, load):
+        for router, layer_load in zip(self.routers, load[self.slots]):
             if router.use_bias:
                 new = expert_bias_update(router.expert_bias.asnumpy(), layer_load, router.bias_update_rate)
                 ops.assign(router.expert_bias, Tensor(new))
@@ -73,7 +97,8 @@ class MoEMonitor:
 
 
 def moe_monitor(model, config) -> Optional[MoEMonitor]:
-    """A monitor for a model with MoE layers, else None."""
+    """A monitor for a model (or this rank's pipeline stage chunks) with MoE layers, else None (also
+    for a pipeline rank holding none: it still joins the all-reduce through an empty monitor)."""
     if not getattr(config, "is_moe", False):
         return None
     monitor = MoEMonitor(model, config)

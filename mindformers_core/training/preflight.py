@@ -173,20 +173,14 @@ class _Checks:
             if shape.dp % ep:
                 self.errors.append(f"{epk}: must divide parallel_config.data_parallel = {shape.dp} (the expert-parallel "
                                    "groups are carved out of data parallel)")
-            for active, what, fix in ((shape.pp > 1, f"parallel_config.pipeline_stage = {shape.pp}", "pipeline_stage: 1"),
-                                      (shape.cp > 1, f"parallel_config.context_parallel = {shape.cp}",
-                                       "context_parallel: 1")):
+            for active, what, fix in ((shape.cp > 1, f"parallel_config.context_parallel = {shape.cp}",
+                                       "context_parallel: 1"),):
                 if active:
                     self.errors.append(f"{epk} with {what}: expert parallelism does not combine with it yet "
                                        f"(docs/moe.md, limits); set {fix} or expert_parallel: 1")
             if shape.sharded_dp:     # hsdp shards expert parameters over their expert-data-parallel group
                 self.expert_hsdp_errors(epk, ep)
         if not moe or self.errors:
-            return
-        if shape.pp > 1:
-            self.errors.append(f"model.model_config.num_experts = {experts} with parallel_config.pipeline_stage = "
-                               f"{shape.pp}: mixture of experts with pipeline parallelism is not supported yet "
-                               "(the load-balancing loss would have to travel between stages); use pipeline_stage: 1")
             return
         from ..models import get_model_spec
         try:
