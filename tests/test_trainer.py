@@ -288,19 +288,12 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
      ["eval_dataset.dataset_dir = None: EvalCallBack needs held-out data"]),
     (2, ["--use_parallel", "True", "--run_mode", "predict", "--parallel_config.data_parallel", 2],
      ["run_mode = 'predict': runs on one process, not 2 workers"]),
-    (4, ["--use_parallel", "True", "--mode", 0, "--parallel_config.pipeline_stage", 2,
-         "--parallel_config.micro_batch_num", 2, "--parallel_config.context_parallel", 2],
-     ["parallel_config.context_parallel = 2 with parallel_config.pipeline_stage = 2 and context.mode = 0: inside a "
-      "compiled pipeline stage's gradient MindSpore 2.10 rejects"]),
-    (4, ["--use_parallel", "True", "--mode", 0, "--parallel_config.data_parallel", 2,
-         "--parallel_config.context_parallel", 2, "--parallel.enable_parallel_optimizer", "True",
-         "--hsdp.optimizer_level", "level3"],
-     ["parallel_config.context_parallel = 2 with hsdp.optimizer_level = 'level3' and context.mode = 0: level3 "
-      "compiles each unit apart"]),
+    (2, ["--use_parallel", "True", "--run_mode", "predict", "--parallel_config.context_parallel", 2],
+     ["parallel_config.context_parallel = 2 with run_mode = 'predict': prediction runs on one process over the "
+      "whole sequence; set context_parallel: 1", "run_mode = 'predict': runs on one process, not 2 workers"]),
 ], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_schedule",
          "pipeline_tie_and_empty_rank", "vocab",
-        "dataset_dir", "load_checkpoint", "runner", "eval_without_data", "predict_parallel", "cp_pp_jit",
-        "cp_hsdp_level3_jit"])
+        "dataset_dir", "load_checkpoint", "runner", "eval_without_data", "predict_parallel", "cp_predict"])
 def test_bad_config_exits_2_before_any_process_group(tiny, tmp_path, monkeypatch, capsys, workers, extra, expected):
     def no_init(*a, **k):
         raise AssertionError("a process group was requested for a bad configuration")

@@ -169,6 +169,7 @@ PP2 = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--paral
 VIRTUAL = ["--parallel.pipeline_config.pipeline_interleave", 2, "--parallel.pipeline_config.layers_per_stage",
            "[0, 1, 1, 0]"]      # 4 stages for the 2 layers: the embedding and the head get stages of their own
 HSDP = ["--parallel.enable_parallel_optimizer", "True", "--hsdp.threshold", 1]   # 1 KB: the tiny weights shard
+DP2_TP2_CHECKPOINT = "<the dp2 x tp2 run's step-1 checkpoint>"    # replaced by its path in pipeline_runs
 PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, like the one-process reference
     "pp2_tp2_sp_1f1b": (1, PP2 + ["--parallel_config.model_parallel", 2, "--parallel_config.use_seq_parallel", "True",
                                   "--runner_config.batch_size", 2] + EVERY_STEP),
@@ -188,20 +189,30 @@ PIPELINE_JOBS = {   # name -> (mode, flags); every job takes 4 rows per step, li
         "--runner_config.gradient_accumulation_steps", 2,
         "--parallel.pipeline_config.pipeline_scheduler", "interleaved"] + NO_CHECKPOINTS),
     # context parallel: the sequence split over cp (ring with zigzag balancing; Ulysses with tp, GQA heads repeated)
-    # with hsdp level2 (it sums gradients over cp before its dp reduce-scatter); its checkpoint (moments
-    # gathered from shards) resumes on one process
-    "dp2_cp2_ring_hsdp_level2": (1, HSDP + ["--use_parallel", "True", "--parallel_config.data_parallel", 2,
+    # with hsdp level3 under jit (hsdp sums gradients over cp before its dp reduce-scatter; each unit is a
+    # compiled island differentiated from PyNative, the cp kernel's backward inside); its checkpoint
+    # (moments gathered from shards) resumes on one process
+    "dp2_cp2_ring_hsdp_level3": (0, HSDP + ["--use_parallel", "True", "--parallel_config.data_parallel", 2,
                                             "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2,
-                                            "--hsdp.optimizer_level", "level2"] + EVERY_STEP),
-    "pp2_cp2_ring_1f1b": (1, PP2 + ["--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2]
+                                            "--hsdp.optimizer_level", "level3"] + EVERY_STEP),
+    # cp x pp in both modes: ring under jit; Ulysses in PyNative with every layer recomputed, resuming the
+    # step-1 checkpoint of the dp2 x tp2 run (no cp) as the one-process resumed run does
+    "pp2_cp2_ring_1f1b": (0, PP2 + ["--parallel_config.context_parallel", 2, "--runner_config.batch_size", 2]
                           + NO_CHECKPOINTS),
-    "cp2_tp2_ulysses": (0, ["--use_parallel", "True", "--parallel_config.model_parallel", 2,
-                            "--parallel_config.context_parallel", 2, "--parallel_config.context_parallel_algo",
-                            "ulysses"] + NO_CHECKPOINTS),
+    "pp2_cp2_ulysses_1f1b_recompute_resumed": (1, PP2 + [
+        "--parallel_config.context_parallel", 2, "--parallel_config.context_parallel_algo", "ulysses",
+        "--runner_config.batch_size", 2, "--recompute_config.recompute", "True", "--load_checkpoint",
+        DP2_TP2_CHECKPOINT, "--resume_training", "True"] + NO_CHECKPOINTS),
+    # the attention (the cp kernel) recomputed by select_recompute under jit
+    "cp2_tp2_ulysses_select_recompute": (0, ["--use_parallel", "True", "--parallel_config.model_parallel", 2,
+                                             "--parallel_config.context_parallel", 2,
+                                             "--parallel_config.context_parallel_algo", "ulysses",
+                                             "--recompute_config.select_recompute",
+                                             "['self_attention.core_attention']"] + NO_CHECKPOINTS),
 }
 
 
-RESUMED = ["pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3", "dp2_cp2_ring_hsdp_level2"]
+RESUMED = ["pp2_tp2_sp_1f1b", "dp2_tp2_hsdp_level3", "dp2_cp2_ring_hsdp_level3"]
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +220,9 @@ def pipeline_runs(runs, tiny, tmp_path_factory):
     """The pipeline and hsdp jobs on 4 workers (one msrun launch), then the step-1 checkpoints of the 1F1B
     job and of the hsdp level3 job (moments gathered from shards) resumed on one process."""
     base = tmp_path_factory.mktemp("trainer_pipeline")
-    jobs = [args(tiny, base / name, "--mode", mode, *SHORT, *flags) for name, (mode, flags) in PIPELINE_JOBS.items()]
+    jobs = [args(tiny, base / name, "--mode", mode, *SHORT,
+                 *[runs["checkpoint"] if f == DP2_TP2_CHECKPOINT else f for f in flags])
+            for name, (mode, flags) in PIPELINE_JOBS.items()]
     assert run_msrun("tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=600) == [[0] * len(jobs)] * 4
     for job in RESUMED:
         ckpt = base / job / "checkpoint" / f"step_{RESUME_AT}"
@@ -221,6 +234,10 @@ def pipeline_runs(runs, tiny, tmp_path_factory):
 @pytest.mark.parametrize("name", list(PIPELINE_JOBS))
 def test_pipeline_jobs_match_one_process(runs, pipeline_runs, name):
     mode = "jit" if PIPELINE_JOBS[name][0] == 0 else "pynative"
+    if DP2_TP2_CHECKPOINT in PIPELINE_JOBS[name][1]:     # resumed: steps 2.. of the one-process resumed run
+        assert [r["step"] for r in records(pipeline_runs / name)] == list(range(RESUME_AT + 1, STEPS + 1))
+        assert_close(losses(pipeline_runs / name), losses(runs["p1_resumed"]))
+        return
     assert_close(losses(pipeline_runs / name), losses(runs[f"p1_{mode}"]))
 
 

@@ -144,16 +144,12 @@ class _Checks:
         """What context parallelism does not combine with yet (the sizes themselves are schema rules)."""
         cfg, shape = self.cfg, self.shape
         cp = f"parallel_config.context_parallel = {shape.cp}"
-        if shape.sharded_dp and shape.jit and cfg.hsdp.optimizer_level == "level3":
-            self.errors.append(f"{cp} with hsdp.optimizer_level = 'level3' and context.mode = 0: level3 compiles each "
-                               "unit apart and differentiates it from PyNative, where MindSpore 2.10 rejects the "
-                               "context-parallel kernels' own backward ('The params of function bprop ... requires "
-                               "the forward inputs'); use level1/level2, or context.mode: 1")
-        if shape.pp > 1 and shape.jit:
-            self.errors.append(f"{cp} with parallel_config.pipeline_stage = {shape.pp} and context.mode = 0: inside "
-                               "a compiled pipeline stage's gradient MindSpore 2.10 rejects the context-parallel "
-                               "kernels' own backward ('The params of function bprop ... requires the forward "
-                               "inputs'); run cp x pp with context.mode: 1 (PyNative)")
+        # cp x pp and cp + hsdp level3 run in both modes (docs/context_parallel.md): the kernels'
+        # backward reads its rank flags from its arguments, never a Parameter or a function its forward uses
+        if shape.predicting:
+            self.errors.append(f"{cp} with run_mode = 'predict': prediction runs on one process over the whole "
+                               "sequence; set context_parallel: 1 (a checkpoint trained with cp loads unchanged: "
+                               "cp does not split weights)")
         if float(cfg.model.model_config.get("attention_dropout", 0.0) or 0.0) > 0:
             self.errors.append(f"{cp}: model.model_config.attention_dropout must be 0 (the context-parallel "
                                "attention kernels have no dropout)")
@@ -194,12 +190,6 @@ class _Checks:
         """Expert parallelism with hsdp (parallel.enable_parallel_optimizer): expert parameters are sharded
         over their own expert-data-parallel group (docs/moe.md); what does not combine, named."""
         cfg, shape = self.cfg, self.shape
-        level = cfg.hsdp.optimizer_level
-        if shape.jit and level == "level3":
-            self.errors.append(f"{epk} with hsdp.optimizer_level = 'level3' and context.mode = 0: level3 compiles each "
-                               "unit apart and differentiates it from PyNative, where MindSpore 2.10 rejects the "
-                               "expert all-to-all's own backward ('The params of function bprop ... requires the "
-                               "forward inputs'); use level1/level2, or context.mode: 1")
         size = int(cfg.hsdp.shard_size)
         size = shape.dp if size == -1 else size
         if size >= 1 and shape.dp % ep == 0 and shape.dp % size == 0:
