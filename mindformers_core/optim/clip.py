@@ -41,9 +41,10 @@ class GlobalNorm(nn.Cell):
 
     def construct(self, grads):
         total = ops.zeros((1,), ms.float32)
-        for i in range(len(grads)):
-            sq = ops.square(ops.cast(grads[i], ms.float32)).sum()
-            if self.weights is not None:
+        for i in range(len(grads)):     # no cast of a float32 gradient, no product by a weight of 1
+            g = grads[i] if grads[i].dtype == ms.float32 else ops.cast(grads[i], ms.float32)
+            sq = ops.square(g).sum()
+            if self.weights is not None and self.weights[i] != 1.0:
                 sq = sq * self.weights[i]
             total = total + sq
         for j in range(self.n_reducers):
@@ -67,8 +68,8 @@ class ClipGradNorm(nn.Cell):
         total = self.norm(grads)
         coef = ops.minimum(self.max_norm / (total + self.eps), ops.ones_like(total))
         out = ()
-        for i in range(len(grads)):
-            out = out + (grads[i] * ops.cast(coef, grads[i].dtype),)
+        for i in range(len(grads)):     # coef is float32: cast only for other gradient dtypes
+            out = out + (grads[i] * (coef if grads[i].dtype == ms.float32 else ops.cast(coef, grads[i].dtype)),)
         return out, total
 
 

@@ -118,13 +118,22 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     clip = ClipGradNorm(limit, tp_groups + ([pp_group] if pp_group is not None else []), weights)
     k = shape.accumulate
 
-    def update(grads):
+    def clipped(grads):
         if poison is not None:
             grads = tuple(g * poison for g in grads)
         if k > 1:
             grads = tuple(g / k for g in grads)
-        grads, norm = clip(reducer(grads))
+        return clip(reducer(grads))
+
+    def update(grads):          # in a graph: the guard's decision is a Tensor the optimizer reads
+        grads, norm = clipped(grads)
         optimizer(grads, guard(norm) if guard is not None else None)
+        return norm
+
+    def eager_update(grads):    # PyNative: decided on the host (one read of the norm), so a step
+        grads, norm = clipped(grads)     # runs the fused update alone and a skipped one nothing
+        if guard is None or guard.is_ok(float(norm.asnumpy())):
+            optimizer(grads)
         return norm
 
     if schedule is not None:
@@ -137,9 +146,13 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
             def step(ids, labels):
                 loss, grads = grad_fn(ids, labels)
                 return loss, update(grads)
-            return TrainStep(ms.jit(step) if shape.jit else step, optimizer, lr, None, guard, poison)
+
+            def eager_step(ids, labels):
+                loss, grads = grad_fn(ids, labels)
+                return loss, eager_update(grads)
+            return TrainStep(ms.jit(step) if shape.jit else eager_step, optimizer, lr, None, guard, poison)
         grads_of = ms.jit(grad_fn) if shape.jit else grad_fn
-    update_fn = ms.jit(update) if shape.jit else update
+    update_fn = ms.jit(update) if shape.jit else eager_update
 
     def accumulating_step(ids, labels):
         total, summed = 0.0, None
