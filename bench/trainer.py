@@ -440,7 +440,9 @@ def print_table(rows):
         for r in pp:
             if "timeline_bubble" in r:
                 print(f"{r['config']:<9}{r['mode']:<9} bubble of the last recorded step: measured "
-                      f"{r['timeline_bubble']:.3f}, simulator with its mean step costs {r['simulated_bubble']:.3f}; "
+                      f"{r['timeline_bubble']:.3f}, simulator with its mean step costs {r['simulated_bubble']:.3f}, "
+                      f"replayed with each step's time {r.get('replay_steps_bubble', float('nan')):.3f}, and each "
+                      f"transfer's {r.get('replay_p2p_bubble', float('nan')):.3f}; "
                       f"timeline {os.path.relpath(r['timeline_svg'], ROOT)}")
             for rank, b in r["breakdown_s"].items():
                 print(f"{r['config']:<9}{r['mode']:<9}{rank:>5}{r['median_s'] * 1e3:>8.0f}{b['forward'] * 1e3:>9.0f}"
@@ -468,6 +470,24 @@ def save_timeline_svg(row, traces, path):
     bwd = costs.get("BWD") or costs.get("BWD_INPUT", 0.0) + costs.get("BWD_WEIGHT", 0.0)
     sim = simulate(sched, fwd_time=costs["FWD"], bwd_time=bwd, comm_time=costs["comm"], **kwargs)
     row["simulated_bubble"] = sim.bubble_ratio
+    row.update(replayed_bubbles(sched, traces))
+
+
+def replayed_bubbles(sched, traces):
+    """What separates the measured bubble from the simulator's (bench/pipeline.py's replays, on the
+    last recorded iteration): ``replay_steps``: the order replayed with every compute step's own
+    measured time (per stage and microbatch: stage imbalance in, one F/B cost out) and the fastest
+    transfer; ``replay_p2p``: also every send/recv pair's own transfer (both ranks there, waiting
+    taken out). What the measurement has beyond ``replay_p2p`` is Python and waiting in between."""
+    from mindformers_core.pipeline.render import parse_trace_rows
+    from bench.pipeline import simulated_per_step
+    runs = {int(r): [parse_trace_rows(rows[-1]["steps"], f"rank {r}")] for r, rows in traces.items() if rows}
+    comm = min((b - a for rr in runs.values() for run in rr for st, a, b in run if st.type.is_p2p), default=0.0)
+    try:
+        return {"replay_steps_bubble": simulated_per_step(sched, runs, comm)[0],
+                "replay_p2p_bubble": simulated_per_step(sched, runs)[0]}
+    except KeyError as e:      # a step of the order missing from the trace
+        return {"replay_error": f"step {e} not in the trace"}
 
 
 def cores() -> int:
@@ -493,10 +513,9 @@ def summary_rows(rows):
                 "max_rel_loss_diff": max((r.get("max_rel_loss_diff", 0.0) for r in rs), default=0.0),
                 "peak_rss_mb": max((max(r["peak_rss_mb"].values()) for r in rs if r["peak_rss_mb"]), default=0.0),
                 "step_times": [r["step_times"] for r in rs]}
-        bubbles = [(r["timeline_bubble"], r["simulated_bubble"]) for r in rs if "timeline_bubble" in r]
-        if bubbles:
-            item["bubble"] = [b[0] for b in bubbles]
-            item["simulated_bubble"] = [b[1] for b in bubbles]
+        for key in ("timeline_bubble", "simulated_bubble", "replay_steps_bubble", "replay_p2p_bubble"):
+            if any(key in r for r in rs):
+                item[key] = [r.get(key) for r in rs]
         out.append(item)
     return out
 
@@ -511,6 +530,12 @@ def print_summary(summary):
         print(f"{r['config']:<9}{r['mode']:<9}{r['runs']:>5}{r['median_s']:>8.3f}  "
               f"{r['min_s']:.3f}-{r['max_s']:.3f}  {r['ratio']:>6.2f}x  {r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
               f"{r['max_rel_loss_diff']:>12.0e}")
+    for r in summary:
+        if r.get("timeline_bubble"):
+            fmt = lambda xs: " ".join("-" if x is None else f"{x:.3f}" for x in xs) or "-"   # noqa: E731
+            print(f"{r['config']} {r['mode']} bubble per run: measured {fmt(r['timeline_bubble'])}, simulator "
+                  f"{fmt(r['simulated_bubble'])}, replayed steps {fmt(r.get('replay_steps_bubble', []))}, "
+                  f"+ transfers {fmt(r.get('replay_p2p_bubble', []))}")
     for mode in sorted({r["mode"] for r in summary}):
         one = next((r for r in summary if r["config"] == "1proc" and r["mode"] == mode), None)
         plain = next((r for r in summary if r["config"] == "plain" and r["mode"] == mode), None)
