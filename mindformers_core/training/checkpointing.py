@@ -12,15 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
-from ..checkpoint import (AsyncSaver, CheckpointError, list_steps, load_checkpoint, load_optimizer_state, load_training_state,
-                          newest_intact_step, remove_leftovers, resolve_step, save_checkpoint, shard_single_file,
-                          verify_step)
+from ..checkpoint import (AsyncSaver, CheckpointError, checkpoint_specs, list_steps, load_checkpoint,
+                          load_optimizer_state, load_training_state, newest_intact_step, remove_leftovers, resolve_step,
+                          save_checkpoint, shard_single_file, verify_step)
 from ..checkpoint.format import TRACKER, read_tracker
 from ..sharding.annotations import global_shape_of, layout_of
 from .config import ConfigError
@@ -51,16 +51,36 @@ def _intact_hint(root: str, step, resume: bool) -> str:
             "True to load it automatically)")
 
 
+def state_params_of(chunks) -> List:
+    """Non-trainable Parameters that are model state a run needs back: each MoE router's expert bias
+    (``moe_router_enable_expert_bias``: moved after every step outside the gradient, it steers the
+    routing). Saved beside the weights under their parameter names, with their layouts."""
+    from ..transformer.moe import routers_of
+    return [router.expert_bias for chunk in chunks for _, router in routers_of(chunk) if router.use_bias]
+
+
+def _saved_names(root: str, step) -> set:
+    """Names of the parameters a checkpoint step (or a single file, ``root == "file"``) holds."""
+    if root == "file":
+        from ..checkpoint.index import index_single_file
+        return set(index_single_file(step).entries)
+    return set(checkpoint_specs(root, step))
+
+
 class Checkpointer:
     """Checkpoints of one rank's parameters. ``optimizer``/``wrapped``/``data`` are None in predict
-    mode (weights only); ``wrapped`` is the hsdp wrapper when hsdp holds shards of the state."""
+    mode (weights only); ``wrapped`` is the hsdp wrapper when hsdp holds shards of the state.
+    ``state_params``: non-trainable Parameters saved and loaded with the weights (``state_params_of``:
+    the expert bias); a checkpoint without them leaves them as they are, with a warning."""
 
     def __init__(self, directory: str, rank: int, world: int, params: List, dp: int, dp_rank: int,
                  optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
-                 log: Callable[[str], None] = print, async_save: bool = False, fallback: bool = False):
+                 log: Callable[[str], None] = print, async_save: bool = False, fallback: bool = False,
+                 state_params: Sequence = ()):
         self.directory, self.rank, self.world = directory, rank, world
         self.fallback = fallback      # resume_fallback_to_intact
         self.params, self.dp, self.dp_rank = params, dp, dp_rank
+        self.state_params = list(state_params)
         self.optimizer, self.wrapped, self.data, self.keep, self.log = optimizer, wrapped, data, keep, log
         self.saver = None
         if async_save:
@@ -88,7 +108,8 @@ class Checkpointer:
                    "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
         with self.full_weights():
             weights = {p.name: p.asnumpy() for p in self.params}
-        layouts = {p.name: layout_of(p) for p in self.params}
+        weights.update({p.name: p.asnumpy() for p in self.state_params})     # e.g. the expert bias
+        layouts = {p.name: layout_of(p) for p in self.params + self.state_params}
         if self.saver is not None:       # host copies taken; files written and published in the background
             self.saver.save(self.directory, step, weights, layouts, optimizer_state=opt,
                             data_state=self.data.state_dict(), trainer_state=trainer_state)
@@ -140,13 +161,22 @@ class Checkpointer:
         targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in self.params}
         where = f"load_checkpoint = {directory!r}"
         try:
+            state = []
+            if self.state_params:        # checkpoints written before the expert bias was saved have none
+                saved = _saved_names(root, step)
+                state = [p for p in self.state_params if p.name in saved]
+                absent = [p.name for p in self.state_params if p.name not in saved]
+                if absent and self.rank == 0:
+                    self.log(f"WARNING: {directory} holds no {absent[0]}" + (f" (nor {len(absent) - 1} more)"
+                             if len(absent) > 1 else "") + ": it keeps its initial value (the expert bias: zero)")
+                targets.update({p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in state})
             if root == "file":
                 values = shard_single_file(step, targets, self.rank, strict=False)
             else:
                 values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
             with self.full_weights():
-                for p in self.params:    # set_data: ops.assign checks a sliced Parameter against its full
-                    set_parameter(p, values[p.name])  # shape once communication is initialised
+                for p in self.params + state:    # set_data: ops.assign checks a sliced Parameter against its
+                    set_parameter(p, values[p.name])  # full shape once communication is initialised
             if not resume:
                 if self.rank == 0:
                     self.log(f"loaded weights from {directory}" + ("" if root == "file" else f" (step {step})"))

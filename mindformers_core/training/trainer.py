@@ -28,7 +28,7 @@ from mindspore import Tensor
 
 from ..distributed.env import get_env, init_distributed
 from ..sharding.annotations import global_shape_of
-from .checkpointing import Checkpointer
+from .checkpointing import Checkpointer, state_params_of
 from .config import Config, ConfigError
 from .faults import FaultInjector
 from .heartbeat import Heartbeat
@@ -100,7 +100,8 @@ class Trainer:
             self.tokenizer = LlamaTokenizer(self.tokenizer_file)
             self.global_batch = 1
             self._build_model(micro_batch=1)
-            self.checkpointer = Checkpointer(params=self.params, **common)
+            self.checkpointer = Checkpointer(params=self.params, state_params=state_params_of(self.built.chunks),
+                                             **common)
         else:
             self.inputs = build_inputs(cfg, shape, self.found, self.rank, self.topology.dp_rank, self.output_dir,
                                        cp_rank=self.topology.cp_rank)
@@ -116,7 +117,8 @@ class Trainer:
             self.step_fn, self.optimizer, self.lr, self.wrapped = step.step_fn, step.optimizer, step.lr, step.wrapped
             self.guard, self._poison = step.guard, step.poison
             self.checkpointer = Checkpointer(params=self.params, optimizer=self.optimizer, wrapped=self.wrapped,
-                                             data=self.data, **common)
+                                             data=self.data, state_params=state_params_of(self.built.chunks),
+                                             **common)
         self._ready = True
 
     def _build_model(self, micro_batch: int) -> None:
