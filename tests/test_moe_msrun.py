@@ -3,7 +3,9 @@ final weights (dense and expert) merged from every rank's shards (relative 1e-5)
 under ms.jit, dropless routing. 2 ranks: ep2 (softmax top-2) and ep2 with sigmoid scores and
 group-limited routing; 4 ranks: ep4, ep2 x dp2 (expert gradients summed over the expert-data-parallel
 group only; the load-balancing loss over the whole global batch), ep2 x tp2 (dense layers tensor
-parallel, experts replicated over tp). The routing variant runs under jit only (ep2 proves both modes)."""
+parallel, experts replicated over tp). The routing variant runs under jit only (ep2 proves both modes).
+Checkpoints across ep sizes (4 ranks): ep1 -> ep2 -> ep4 and ep2 -> one process, weights and expert bias exact;
+the trainer's ep2 run resumes with its saved expert bias (= the uninterrupted run)."""
 import os
 import tempfile
 
@@ -12,7 +14,7 @@ import pytest
 
 from tests.msrun_batch import job
 from tests.bodies.moe_body import reference
-from tests.test_gpt_tp_msrun import _check
+from tests.test_gpt_tp_msrun import _check, _merge
 
 pytestmark = pytest.mark.msrun
 EP2 = job("moe_ep2", 2, "tests.bodies.moe_body:run",
@@ -48,6 +50,23 @@ def _trainer_kwargs():
 
 TRAINER_EP2 = job("moe_trainer_ep2", 2, "tests.bodies.moe_body:run_trainer", _trainer_kwargs, timeout=600,
                   group=__name__)
+
+
+# checkpoints across ep sizes: ep1 (one process, written here at launch) -> ep2 (dp4 = edp2 x ep2) -> saved there
+# -> ep4, and the ep2 checkpoint -> one process (in the test)
+_CKPT = {}
+
+
+def _checkpoint_kwargs():
+    from tests.bodies.moe_body import ep1_checkpoint
+    root = tempfile.mkdtemp(prefix="mfc_moe_ckpt_ep_")
+    ep1, ep2 = os.path.join(root, "ep1"), os.path.join(root, "ep2")
+    _CKPT["saved"], _CKPT["loss"] = ep1_checkpoint(ep1)
+    return {"ep1_dir": ep1, "ep2_dir": ep2}
+
+
+CHECKPOINT_EP = job("moe_checkpoint_ep", 4, "tests.bodies.moe_body:run_checkpoint_ep", _checkpoint_kwargs,
+                    timeout=600, group=__name__)
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +114,60 @@ def test_trainer_ep2_matches_one_process():
         assert w[-1]["loss"] < w[0]["loss"]
         assert sum(w[0]["expert_load"][0]) == 4 * 32 * 2     # every token's 2 choices, per micro-batch
     # the ep2 checkpoint of step 1 (experts split over 2 ranks) resumes on one process exactly as the one-process
-    # checkpoint of step 1 does (the expert bias is not in checkpoints yet: both restart it at zero)
+    # checkpoint of step 1 does; both hold the expert bias moved after step 1
+    RESUMED = []
+
     def resume(out):
         ckpt = os.path.join(out, "mode1", "checkpoint", "step_1")
-        return run_trainer(yaml, tempfile.mkdtemp(prefix="mfc_moe_resumed_"),
+        RESUMED.append(tempfile.mkdtemp(prefix="mfc_moe_resumed_"))
+        return run_trainer(yaml, RESUMED[-1],
                            MOE_KEYS + ["--runner_config.batch_size", 4, "--load_checkpoint", ckpt, "--resume_training",
                                        "True"], modes=(1,))[1]
     from_ep2, from_one = resume(TRAINER_EP2.used_kwargs["out_root"]), resume(one)
     assert [r["step"] for r in from_ep2] == [r["step"] for r in from_one] == [2, 3]
     a, b = np.array([r["loss"] for r in from_ep2]), np.array([r["loss"] for r in from_one])
     assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), (a, b)
+    # the resumed run continues with the saved expert bias: steps 2 and 3 are those of the uninterrupted run,
+    # exactly (with the bias restarted at zero the routing of step 2 differs: measured)
+    for key in ("loss", "aux_loss", "expert_load"):
+        assert [r[key] for r in from_one] == [r[key] for r in want[1][1:]], key
+    from mindformers_core.checkpoint import checkpoint_specs, load_checkpoint
+    ends = []
+    for root in (one, RESUMED[-1]):       # step 3's expert bias: uninterrupted vs resumed at step 1
+        directory = os.path.join(root, "mode1", "checkpoint")
+        specs = {k: v for k, v in checkpoint_specs(directory, 3).items() if k.endswith("router.expert_bias")}
+        assert len(specs) == 1, sorted(checkpoint_specs(directory, 3))   # one MoE layer (the first is dense)
+        ends.append(load_checkpoint(directory, specs, step=3, strict=False))
+    assert ends[0].keys() == ends[1].keys()
+    for k in ends[0]:
+        np.testing.assert_array_equal(ends[0][k], ends[1][k])
+        assert np.abs(ends[0][k]).max() > 0
+
+
+def test_checkpoint_across_expert_parallel_sizes():
+    """ep1 -> ep2 -> ep4 and ep2 -> ep1 through the checkpoint's resharding: every weight and expert bias merged
+    from the loading ranks equals the saved one exactly, and each loaded model's loss on a batch equals the
+    one-process loss of the saved weights."""
+    import json
+    from mindformers_core.checkpoint import checkpoint_specs, load_checkpoint
+    results = CHECKPOINT_EP.results()
+    saved, want_loss = _CKPT["saved"], _CKPT["loss"]
+    for name, experts_per_rank in (("ep2_from_ep1", 2), ("ep4_from_ep2", 1)):
+        merged = _merge(results, name)
+        assert sorted(merged) == sorted(saved)
+        assert any(n.endswith("router.expert_bias") for n in merged)
+        for pname, full in merged.items():
+            np.testing.assert_array_equal(full, saved[pname], err_msg=f"{name}: {pname}")
+        for rank, per_rank in enumerate(results):
+            assert abs(per_rank[name]["loss"] - want_loss) <= 1e-5 * abs(want_loss), (name, rank)
+            assert per_rank[name]["expert_shape"][0] == experts_per_rank
+    # the ep2 checkpoint holds each rank's own experts (rank 1 = ep index 1: experts 2 and 3) ...
+    ep2 = CHECKPOINT_EP.used_kwargs["ep2_dir"]
+    with open(os.path.join(ep2, "step_1", "rank_1.json")) as f:
+        entry = json.load(f)["tensors"]["decoder.layers.1.mlp.experts.w_gate"]
+    assert entry["slice"][0] == [2, 4] and entry["written"]
+    # ... and loads into one process (ep1)
+    one = load_checkpoint(ep2, checkpoint_specs(ep2))
+    assert sorted(one) == sorted(saved)
+    for pname, value in one.items():
+        np.testing.assert_array_equal(value, saved[pname], err_msg=f"ep1_from_ep2: {pname}")

@@ -22,7 +22,7 @@ all-to-all has equal chunks; the per-expert counts are implicit in the zero rows
 Dropless (C = the rank's token count) pads each (source, expert) block to its worst case;
 ``moe_expert_capacity_factor`` bounds C and drops what does not fit (on each source, in token
 order) -- the same decision one card takes for the same tokens. Backward: the all-to-all over dim 0
-is its own inverse (``Differentiable``); the rest is ordinary autodiff.
+is its own inverse (the Ulysses exchange of ``context_parallel``); the rest is ordinary autodiff.
 Bytes per rank and step on the wire: 2 (forward) + 2 (backward) all-to-alls of (P - 1) / P * E * C *
 h elements (the CPU emulation all-gathers: P times that, see ``distributed/comm/kernels.py``).
 """
@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from mindspore import nn
 
 from ..distributed.comm import kernels as K
-from ..distributed.comm.autograd import Differentiable
 from ..distributed.comm.kernels import CommCell
+from .context_parallel import _UlyssesExchange
 from .expert_dispatch import capacity, combine, dispatch, dispatch_indices, swiglu_experts
 from .layout import Layout
 from .propagation import Declaration, PlanError
@@ -67,7 +68,13 @@ class ExpertParallelExperts(CommCell):
         self.L = num_experts // self.P
         self.topk = topk
         self.cap = capacity(local_tokens, topk, num_experts, capacity_factor)
-        self.exchange = Differentiable(K.AllToAllKernel(group, 0, 0), K.AllToAllKernel(group, 0, 0))
+        # the all-to-all takes this rank's one-hot slot vector as an argument (a non-trainable Parameter), so
+        # its bprop reads no Parameter: differentiable inside a graph taken from PyNative (hsdp level3 islands),
+        # as the Ulysses all-to-all of context parallelism (sharding/context_parallel.py)
+        slots = np.zeros((self.P,), np.float32)
+        slots[group.local_rank] = 1.0
+        self.slots = K._flag_parameter(slots)
+        self.exchange = _UlyssesExchange(group, 0, 0)
         self.compute_dtype = getattr(inner, "compute_dtype", None)
 
     def construct(self, x, weights, index):
@@ -79,13 +86,13 @@ class ExpertParallelExperts(CommCell):
         P, L, C = self.P, self.L, self.cap
         slot, source = dispatch_indices(index.reshape(-1), self.E, C, k)
         buffer = dispatch(tokens, source).reshape(P, L * C, h)
-        got = self.exchange(buffer)                                           # (source, L * C, h)
+        got = self.exchange(buffer, self.slots)                                           # (source, L * C, h)
         rows = got.reshape(P, L, C, h).transpose(1, 0, 2, 3).reshape(L, P * C, h)
         inner = self.inner
         dtype = tokens.dtype
         out = swiglu_experts(rows, inner.w_gate.astype(dtype), inner.w_up.astype(dtype), inner.w_down.astype(dtype))
         out = out.reshape(L, P, C, h).transpose(1, 0, 2, 3).reshape(P, L * C, h)
-        back = self.exchange(out).reshape(self.E * C, h)                      # my rows, all experts
+        back = self.exchange(out, self.slots).reshape(self.E * C, h)                      # my rows, all experts
         y = combine(back, slot, weights.reshape(n, k))
         return y.reshape(x.shape).astype(x.dtype)
 

@@ -83,3 +83,67 @@ def run_trainer(yaml, out_root, argv, modes=(1, 0)):
             with open(os.path.join(target, "loss.jsonl")) as f:
                 out[mode] = [json.loads(line) for line in f]
     return out
+
+
+# ---- checkpoints across expert-parallel sizes ------------------------------------------------------------
+def _bias_config(**kw):
+    config = make_config(**kw)
+    config.moe_router_enable_expert_bias = True       # the expert bias is saved beside the weights
+    return config
+
+
+def _state(model):
+    from mindformers_core.training.checkpointing import state_params_of
+    return list(model.trainable_params()) + state_params_of([model])
+
+
+def ep1_checkpoint(directory):
+    """One process: the MoE GPT with weights and expert bias moved off their initial values (so a load that
+    did nothing is caught), saved as step 1 of ``directory``. Returns the saved values and their loss."""
+    from mindspore import Tensor
+    from mindformers_core.checkpoint import save_checkpoint
+    ms.set_seed(0)
+    model = GPTModel(_bias_config())
+    rng = np.random.RandomState(3)
+    saved = {}
+    for p in _state(model):
+        value = p.asnumpy() + 0.05 * rng.standard_normal(p.shape).astype(np.float32)
+        p.set_data(Tensor(value))
+        saved[p.name] = value
+    save_checkpoint(directory, 1, saved, rank=0, world_size=1)
+    tokens = batches()[0]
+    return saved, float(model(Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:])))
+
+
+def run_checkpoint_ep(ep1_dir, ep2_dir):
+    """4 ranks: the ep1 checkpoint loaded into dp4 = edp2 x ep2 (experts split over 2 ranks) and saved from
+    there (each rank writes its experts), that ep2 checkpoint loaded into ep4 (one expert per rank). Returns per
+    load this rank's values with their global slices and the loaded model's loss on the first batch."""
+    from mindspore import Tensor
+    from mindformers_core.checkpoint import load_checkpoint, save_checkpoint
+    from mindformers_core.training.checkpointing import set_parameter
+    rank = get_env().rank
+    tokens = batches()[0]
+    out = {}
+    for name, ep, source in (("ep2_from_ep1", 2, ep1_dir), ("ep4_from_ep2", 4, ep2_dir)):
+        ms.set_seed(0)
+        config = _bias_config(dp=4, ep=ep)
+        model = GPTModel(config)
+        parallelize(model, config, tokens[:, :-1], tokens[:, 1:])
+        params = _state(model)
+        targets = {p.name: (global_shape_of(p), layout_of(p)) for p in params}
+        values = load_checkpoint(source, targets, rank)
+        for p in params:
+            set_parameter(p, values[p.name])
+        layout = sharding_plan_of(model).input_layouts[0]
+        rows = layout.local_slice(tokens[:, :-1].shape, rank)
+        loss = float(model(Tensor(tokens[:, :-1][rows]), Tensor(tokens[:, 1:][rows])))
+        shards = {}
+        for p in params:
+            sl = layout_of(p).local_slice(global_shape_of(p), rank)
+            shards[p.name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], global_shape_of(p))
+        out[name] = {"shards": shards, "loss": loss,
+                     "expert_shape": next(tuple(p.shape) for p in params if p.name.endswith("experts.w_gate"))}
+        if ep == 2:
+            save_checkpoint(ep2_dir, 1, {p.name: p.asnumpy() for p in params}, {p.name: layout_of(p) for p in params})
+    return out
