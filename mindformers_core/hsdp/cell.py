@@ -410,22 +410,6 @@ def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm:
     return ClipGradNorm(max_grad_norm, groups, weights)
 
 
-def _refuse_expert_kernels_in_islands(units) -> None:
-    """Level3 under jit compiles each unit apart and differentiates it from PyNative; MindSpore 2.10
-    rejects a Cell ``bprop`` inside such a graph, and the expert-parallel all-to-all has one (measured:
-    "The params of function 'bprop' of Primitive or Cell requires the forward inputs as well as the
-    'out' and 'dout'"). Named before anything compiles."""
-    from ..sharding.expert_parallel import ExpertParallelExperts
-    for name, cell in units.units:
-        inner = [n for n, c in cell.cells_and_names() if isinstance(c, ExpertParallelExperts)]
-        if inner:
-            raise ValueError(f"hsdp level3 with mode='jit': unit {name or '<model>'!r} holds the expert-parallel "
-                             f"kernel ({name + '.' if name else ''}{inner[0]}); level3 compiles each unit apart and "
-                             "MindSpore 2.10 rejects the all-to-all's own backward inside it ('The params of "
-                             "function bprop ... requires the forward inputs'); use level1/level2 under jit, or "
-                             "level3 with mode='pynative'")
-
-
 class TrainStep:
     """One micro-step per call: ``loss_fn(*batch)`` (a function or Cell computing the loss of
     this rank's batch with the wrapped model), gradients, and on every
@@ -471,7 +455,6 @@ class TrainStep:
         self.units = wrapped.units
         self.updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
         if self.units is not None and mode == "jit":
-            _refuse_expert_kernels_in_islands(self.units)
             self.units.make_islands()
         self.clipper = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
         if step_guard is not None and step_guard.enabled and self.clipper is None:

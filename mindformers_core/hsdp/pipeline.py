@@ -35,7 +35,7 @@ from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
 from ..sharding.annotations import is_sharded_parameter
 from . import plan as P
-from .cell import HSDPCell, _refuse_expert_kernels_in_islands, norm_clipper
+from .cell import HSDPCell, norm_clipper
 from .groups import dp_ranks, plan_dp_ranks
 
 STAGE_ATTRS = ("cell", "params", "stage_index", "stage_num", "dp_group")
@@ -210,7 +210,6 @@ class PipelineTrainStep:
         self.units = wrapped.units
         updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
         if self.units is not None and mode == "jit":
-            _refuse_expert_kernels_in_islands(self.units)
             self.units.make_islands()
             for st in wrapped.stages:
                 st.compiled_inside = True
