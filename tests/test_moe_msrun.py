@@ -30,12 +30,15 @@ EP4 = job("moe_ep4", 4, "tests.bodies.moe_body:run",
 
 
 # the YAML trainer (run_mindformer.py) on the tiny Llama made MoE by overrides, ep2 on 2 workers
+MAX_GRAD_NORM = 0.5
 MOE_KEYS = ["--model.model_config.num_experts", 4, "--model.model_config.num_experts_per_tok", 2,
             "--model.model_config.moe_intermediate_size", 64, "--model.model_config.n_shared_experts", 1,
             "--model.model_config.first_k_dense_replace", 1, "--model.model_config.moe_aux_loss_coeff", 0.01,
             "--model.model_config.moe_router_enable_expert_bias", True,
             "--model.model_config.moe_router_bias_update_rate", 0.01,
             "--runner_config.max_steps", 3, "--lr_schedule.warmup_steps", 0,
+            # clipping on every step: the global norm must add the experts of every ep rank
+            "--runner_config.max_grad_norm", MAX_GRAD_NORM,
             "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
 EP2_ARGS = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--parallel_config.expert_parallel", 2,
             "--runner_config.batch_size", 2]
@@ -107,9 +110,10 @@ def test_trainer_ep2_matches_one_process():
     for mode in (1, 0):
         g, w = got[mode], want[mode]
         assert len(g) == len(w) == 3
-        for key in ("loss", "aux_loss"):
+        for key in ("loss", "aux_loss", "grad_norm"):
             a, b = np.array([r[key] for r in g]), np.array([r[key] for r in w])
             assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), (mode, key, a, b)
+        assert min(r["grad_norm"] for r in w) > MAX_GRAD_NORM, "clipping not exercised"
         np.testing.assert_allclose([r["expert_load"] for r in g], [r["expert_load"] for r in w], atol=1e-3)
         assert w[-1]["loss"] < w[0]["loss"]
         assert sum(w[0]["expert_load"][0]) == 4 * 32 * 2     # every token's 2 choices, per micro-batch

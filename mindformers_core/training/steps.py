@@ -83,10 +83,14 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     oc = cfg.optimizer
     optimizer = AdamW(params, lr, betas=tuple(oc.betas), eps=float(oc.eps), weight_decay=float(oc.weight_decay))
     tp_groups, axis_groups = [], {}
-    if shape.tp > 1:
-        from ..sharding.dtensor import device_mesh_of
-        axis_groups["tp"] = device_mesh_of(built.plan.mesh).get_group("tp")
-        tp_groups.append(axis_groups["tp"])
+    mesh = built.plan.mesh if built.plan is not None else None
+    # axes whose ranks hold different pieces of the same model: tp, and ep (each rank holds its experts,
+    # the dense weights are replicated there): squared norms add up over them, replicas weighted 1/size
+    for axis in ("tp", "ep"):
+        if mesh is not None and mesh.has_axis(axis) and mesh.axis_size(axis) > 1:
+            from ..sharding.dtensor import device_mesh_of
+            axis_groups[axis] = device_mesh_of(mesh).get_group(axis)
+            tp_groups.append(axis_groups[axis])
     pp_group = None
     if shape.pp > 1:    # stages hold different parameters: their squared norms add up over pp
         from ..distributed.process_group import new_group
