@@ -8,7 +8,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_core.distributed import get_env
-from mindformers_core.distributed.comm import kernels as K
+from mindformers_core.sharding import context_parallel as C
 from mindformers_core.sharding.annotations import sharding_plan_of
 from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel, TransformerConfig
@@ -18,15 +18,25 @@ _COUNT = {"bytes": 0}
 
 
 def _instrument():
-    """Count the payload each rank sends through an all-to-all: (n - 1) / n of its input (PyNative)."""
-    orig = K.AllToAllKernel.construct
+    """Count the payload each rank sends through an all-to-all: (n - 1) / n of its input (PyNative).
+    The expert exchange is the differentiable all-to-all of sharding/context_parallel.py, whose
+    backward kernels come from that module's backward twin: both are counted."""
+    saved = []
+    for module in (C, C._backward_twin()):
+        cls = module._AllToAll
+        orig = cls.construct
+        saved.append((cls, orig))
 
-    def construct(self, x):
-        if self.n > 1:
-            _COUNT["bytes"] += int((self.n - 1) / self.n * x.size * x.itemsize)
-        return orig(self, x)
-    K.AllToAllKernel.construct = construct
-    return lambda: setattr(K.AllToAllKernel, "construct", orig)
+        def construct(self, x, *rest, _orig=orig):
+            if self.n > 1:
+                _COUNT["bytes"] += int((self.n - 1) / self.n * x.size * x.itemsize)
+            return _orig(self, x, *rest)
+        cls.construct = construct
+
+    def restore():
+        for cls, orig in saved:
+            cls.construct = orig
+    return restore
 
 
 def config(kind, dp, ep, h, layers, heads, vocab, seq, experts, topk, expert_ffn):
