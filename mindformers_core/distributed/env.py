@@ -40,9 +40,16 @@ def launched_by_msrun() -> bool:
     return os.environ.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED") and "MS_WORKER_NUM" in os.environ
 
 
+def requested_device_target(configured: Optional[str] = None) -> str:
+    """The device a job asks for, before anything is initialised: ``MFC_DEVICE_TARGET`` (environment),
+    else ``configured`` (e.g. a YAML's ``context.device_target``), else MindSpore's context. The one
+    place this order is written: the trainer's preflight and CPU-thread setting read it too."""
+    return os.environ.get("MFC_DEVICE_TARGET") or configured or ms.get_context("device_target")
+
+
 def _device_target(device_target: Optional[str]) -> str:
     if device_target is None:
-        device_target = os.environ.get("MFC_DEVICE_TARGET") or ms.get_context("device_target")
+        device_target = requested_device_target()
     if device_target not in _BACKENDS:
         raise ValueError(f"init_distributed: device_target={device_target!r} is not supported; "
                          f"valid values are {sorted(_BACKENDS)}")

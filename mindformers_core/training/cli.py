@@ -334,8 +334,9 @@ def cpu_threads(config, worker_num: int) -> Optional[CpuThreads]:
     the host). None on other devices. A process that already set it (an embedding program, a second
     trainer in one process) keeps its value: MindSpore refuses to set it twice."""
     import mindspore as ms
+    from ..distributed.env import requested_device_target
     value, source = cpu_threads_setting(config, worker_num)
-    target = os.environ.get("MFC_DEVICE_TARGET") or (config.get("context") or {}).get("device_target") or "CPU"
+    target = requested_device_target((config.get("context") or {}).get("device_target"))
     if str(target).upper() != "CPU":
         return None
     from mindspore._c_expression import RuntimeConf

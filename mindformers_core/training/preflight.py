@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Tuple
 from ..checkpoint import CheckpointError, list_steps, load_training_state
 from ..checkpoint.format import METADATA, TRACKER, read_tracker
 from ..data.tokenizer import LlamaTokenizer
+from ..distributed.env import requested_device_target
 from ..pipeline.schedules import build_schedule
 from ..pipeline.stage import StageInfo
 from .config import Config, ConfigError
@@ -25,10 +26,6 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 _JSONL = (".jsonl", ".json")
 
 
-def _device_target() -> str:
-    """The device the model will run on (as distributed.env picks it), without creating a process group."""
-    import mindspore as ms
-    return os.environ.get("MFC_DEVICE_TARGET") or ms.get_context("device_target")
 
 
 def callback(cfg: Config, kind: str) -> Optional[Config]:
@@ -215,7 +212,7 @@ class _Checks:
                           "(user models register with @register_model and load with --register_path)")
         mc = cfg.model.model_config
         for key in ("compute_dtype", "param_init_dtype"):
-            if mc[key] == "bfloat16" and _device_target() == "CPU":
+            if mc[key] == "bfloat16" and requested_device_target() == "CPU":
                 errors.append(f"model.model_config.{key} = 'bfloat16': MindSpore's CPU kernels have no bfloat16 "
                               "MatMul/BatchMatMul/Softmax; set it to float32 (or float16) on CPU")
         if cfg.optimizer.type != "AdamW":
