@@ -41,6 +41,7 @@ from mindspore import Tensor, nn, ops
 
 from ..common.sequence_placement import (CAUSAL, FULL, KV_HEAD, causal_mask_array, degrees,
                                          local_causal_positions, ring_schedule)
+from ..distributed.comm import exchange as _exchange
 from ..distributed.comm import kernels as K
 from ..distributed.comm.kernels import CommCell
 from ..distributed.process_group import ProcessGroup, new_group, world_group
@@ -411,51 +412,11 @@ class RingAttentionCore(CommCell):
         return self.attend(q, k, v, self.flags)
 
 
-class _AllToAll(CommCell):
-    """All-to-all inside the Ulysses group, ``construct(x, slots)`` with this rank's one-hot slot
-    vector as an argument: split ``x`` into ``n`` chunks along ``split_dim``, chunk ``j`` to member
-    ``j``, received chunks concatenated along ``concat_dim``. Native where the device has it; on
-    CPU an all-gather through AllReduce-SUM (slot ``j`` filled by member ``j``), then own chunks."""
-
-    def __init__(self, group: ProcessGroup, split_dim: int, concat_dim: int):
-        super().__init__()
-        self.n, self.index = group.size, group.local_rank
-        self.split_dim, self.concat_dim = split_dim, concat_dim
-        self.native = K.is_native("all_to_all", group)
-        if self.native:
-            self.prim = ops.AlltoAll(split_count=self.n, split_dim=split_dim, concat_dim=concat_dim,
-                                     group=group.name)
-        else:
-            self.reduce = K._SumAllReduce(group)
-
-    def construct(self, x, slots):
-        if self.native:
-            return self.prim(x)
-        n = self.n
-        size = x.shape[self.split_dim] // n
-        flags = (slots > 0.5).reshape((n,) + (1,) * x.ndim)
-        stacked = ops.broadcast_to(ops.expand_dims(x, 0), (n,) + x.shape)
-        everyone = self.reduce(ops.select(flags, stacked, ops.zeros_like(stacked)))
-        parts = ()
-        for j in range(n):
-            parts = parts + (ops.narrow(everyone[j], self.split_dim, self.index * size, size),)
-        return ops.concat(parts, self.concat_dim)
-
-
-class _UlyssesExchange(CommCell):
-    """Differentiable :class:`_AllToAll`: the backward is the inverse all-to-all (built from
-    :func:`_backward_twin`; the bprop reads the slot vector from its arguments, no Parameter)."""
-
-    def __init__(self, group: ProcessGroup, split_dim: int, concat_dim: int):
-        super().__init__()
-        self.forward_kernel = _AllToAll(group, split_dim, concat_dim)
-        self.backward_kernel = _backward_twin()._AllToAll(group, concat_dim, split_dim)
-
-    def construct(self, x, slots):
-        return self.forward_kernel(x, slots)
-
-    def bprop(self, x, slots, out, dout):
-        return self.backward_kernel(dout, slots), ops.zeros_like(slots)
+# the Ulysses all-to-all: the equal-chunk exchange of distributed/comm/exchange.py (flags as arguments, backward
+# from that module's twin). This module's twin names the twin's kernel, so that counting at ``_AllToAll`` of this
+# module and of ``_backward_twin()`` (bench/cp_body.py) sees the forward and the backward exchanges once each.
+_AllToAll = (_exchange.backward_twin() if __name__.endswith("_backward_twin") else _exchange).SlotAllToAll
+_UlyssesExchange = _exchange.AllToAllExchange
 
 
 class ContextParallelAttention(CommCell):

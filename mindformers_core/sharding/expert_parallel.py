@@ -9,8 +9,21 @@ the same ranks and slices as without experts; dense weights' gradients are summe
 the expert-data-parallel group.
 
 Kernel. :class:`ExpertParallelExperts` replaces a ``moe_experts`` Cell when its weights are split
-over ``ep`` (``sharding/rules/moe.py``). Each rank routes its own tokens exactly as one card would
-(``expert_dispatch``: the padded (E, C, h) buffer, C from the rank's own token count), then:
+over ``ep`` (``sharding/rules/moe.py``). Rank ``p`` holds experts ``[p * E/P, (p + 1) * E/P)``. Each
+rank routes its own tokens exactly as one card would; the kernel has two paths.
+
+Variable counts (dropless routing in PyNative; the default there). The routed (token, k) rows are
+grouped by expert (token order within an expert); the per-expert counts of every rank are exchanged
+first (one all-gather of the ``P x E`` count matrix, whose block sums are the ``P x P`` send
+matrix), then :class:`~mindformers_core.distributed.comm.exchange.AllToAllV` moves exactly the routed
+rows; each local expert runs one SwiGLU on exactly its rows (from all sources, no padding), the
+inverse exchange (the transposed matrix) brings them home, and they are combined as one card does.
+Rows on the wire per rank and step: the off-rank routed rows, 2 forward + 2 backward exchanges.
+
+Padded equal chunks (under ``ms.jit``, and with ``moe_expert_capacity_factor``). MindSpore's graph
+needs static shapes, and on CPU the count-dependent buffer sizes of the variable path can only be
+read on the host, so a traced step keeps the layout of ``expert_dispatch``: the padded (E, C, h)
+buffer, C from the rank's own token count, then
 
 1. all-to-all over the ep group: the buffer's block of experts ``[p * E/P, (p + 1) * E/P)`` goes to
    rank ``p``; each rank receives (P sources, E/P local experts, C, h);
@@ -22,20 +35,27 @@ all-to-all has equal chunks; the per-expert counts are implicit in the zero rows
 Dropless (C = the rank's token count) pads each (source, expert) block to its worst case;
 ``moe_expert_capacity_factor`` bounds C and drops what does not fit (on each source, in token
 order) -- the same decision one card takes for the same tokens. Backward: the all-to-all over dim 0
-is its own inverse (the Ulysses exchange of ``context_parallel``); the rest is ordinary autodiff.
+is its own inverse (``AllToAllExchange``); the rest is ordinary autodiff.
 Bytes per rank and step on the wire: 2 (forward) + 2 (backward) all-to-alls of (P - 1) / P * E * C *
 h elements (the CPU emulation all-gathers: P times that, see ``distributed/comm/kernels.py``).
+
+Which path: ``mindspore.graph.api._run_in_jit()`` -- MindSpore's own test (its ``recompute`` and
+``grad`` use it with the same ``# @jit.cond: True`` hint): a constexpr that is True while ``ms.jit``
+parses the Cell (a jit step, an hsdp level3 island, a jit pipeline stage) and False when PyNative
+runs it, decided per call, not by a global mode flag that a jit step inside a PyNative program
+would get wrong.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-from mindspore import nn
+from mindspore import Tensor, nn, ops
+from mindspore.graph.api import _run_in_jit
 
 from ..distributed.comm import kernels as K
+from ..distributed.comm.exchange import AllToAllExchange, AllToAllV, gather_counts
 from ..distributed.comm.kernels import CommCell
-from .context_parallel import _UlyssesExchange
 from .expert_dispatch import capacity, combine, dispatch, dispatch_indices, swiglu_experts
 from .layout import Layout
 from .propagation import Declaration, PlanError
@@ -74,10 +94,53 @@ class ExpertParallelExperts(CommCell):
         slots = np.zeros((self.P,), np.float32)
         slots[group.local_rank] = 1.0
         self.slots = K._flag_parameter(slots)
-        self.exchange = _UlyssesExchange(group, 0, 0)
+        self.exchange = AllToAllExchange(group, 0, 0)
+        self.group = group
+        self.index = group.local_rank
+        # dropless routing takes the variable-count path in PyNative; capacity-factor routing stays padded
+        self.variable = capacity_factor is None and self.P > 1
+        if self.variable:
+            self.exchange_v = AllToAllV(group)
         self.compute_dtype = getattr(inner, "compute_dtype", None)
+        self.last_counts = None          # the (P, E) count matrix of the last variable-path call (tests, bench)
 
     def construct(self, x, weights, index):
+        if _run_in_jit():  # @jit.cond: True
+            return self.padded(x, weights, index)
+        if self.variable:
+            return self.routed_rows(x, weights, index)
+        return self.padded(x, weights, index)
+
+    def routed_rows(self, x, weights, index):
+        """The variable-count path (PyNative): exactly the routed rows travel."""
+        h, k = x.shape[-1], index.shape[-1]
+        tokens = x.reshape(-1, h)
+        if self.compute_dtype is not None:
+            tokens = tokens.astype(self.compute_dtype)
+        n = tokens.shape[0]
+        expert = index.asnumpy().reshape(-1).astype(np.int64)
+        counts = gather_counts(self.group, np.bincount(expert, minlength=self.E))      # (P, E)
+        self.last_counts = counts
+        plan = routed_plan(expert, k, counts, self.index, self.L)
+        send = ops.gather(tokens, Tensor(plan["send_token"]), 0)                      # my rows, by expert
+        got = self.exchange_v(send, Tensor(plan["matrix"]))                           # by source, by expert
+        rows = ops.gather(got, Tensor(plan["by_expert"]), 0) if got.shape[0] else got  # by local expert
+        inner = self.inner
+        dtype = tokens.dtype
+        outs = ()
+        for local, (start, stop) in enumerate(plan["expert_rows"]):
+            if stop > start:
+                outs = outs + (swiglu_rows(rows[start:stop], inner.w_gate[local].astype(dtype),
+                                           inner.w_up[local].astype(dtype), inner.w_down[local].astype(dtype)),)
+        out = ops.concat(outs, 0) if len(outs) > 1 else (outs[0] if outs else rows)
+        out = ops.gather(out, Tensor(plan["by_source"]), 0) if out.shape[0] else out
+        back = self.exchange_v(out, Tensor(np.ascontiguousarray(plan["matrix"].T)))   # my rows, by expert
+        mine = ops.gather(back, Tensor(plan["unsort"]), 0).reshape(n, k, h)           # token-major
+        y = (mine * ops.expand_dims(weights.reshape(n, k).astype(mine.dtype), -1)).sum(1)
+        return y.reshape(x.shape).astype(x.dtype)
+
+    def padded(self, x, weights, index):
+        """The equal-chunk path: static shapes (jit; capacity factor)."""
         h, k = x.shape[-1], index.shape[-1]
         tokens = x.reshape(-1, h)
         if self.compute_dtype is not None:
@@ -95,6 +158,52 @@ class ExpertParallelExperts(CommCell):
         back = self.exchange(out, self.slots).reshape(self.E * C, h)                      # my rows, all experts
         y = combine(back, slot, weights.reshape(n, k))
         return y.reshape(x.shape).astype(x.dtype)
+
+
+def swiglu_rows(x, w_gate, w_up, w_down):
+    """``(silu(x W_gate) * (x W_up)) W_down`` for one expert on its (rows, h) input."""
+    return ops.matmul(ops.silu(ops.matmul(x, w_gate)) * ops.matmul(x, w_up), w_down)
+
+
+def routed_plan(expert_of_row, topk: int, counts, me: int, local_experts: int) -> dict:
+    """Host-side permutations of the variable-count path, from this rank's rows' experts and the
+    ``(P, E)`` count matrix of all ranks (``counts[i, e]``: rows of rank ``i`` routed to expert ``e``):
+
+    * ``send_token`` (R,): the token of each row sent, rows sorted by expert (token order within);
+    * ``matrix`` (P, P) int32: rows rank ``i`` sends to rank ``j`` (the experts of ``j`` summed);
+    * ``by_expert``: received rows (source-major, then expert) -> local-expert-major order;
+      ``expert_rows``: each local expert's ``[start, stop)`` in that order; ``by_source``: its inverse;
+    * ``unsort`` (R,): for each of this rank's rows in token-major order, its place among the sent rows.
+    """
+    expert = np.asarray(expert_of_row, np.int64)
+    counts = np.asarray(counts, np.int64)
+    P = counts.shape[0]
+    L = local_experts
+    if counts.shape[1] != P * L:
+        raise ValueError(f"routed_plan: count matrix {counts.shape} does not hold {P} ranks x {L} experts")
+    if not np.array_equal(counts[me], np.bincount(expert, minlength=P * L)):
+        raise ValueError(f"routed_plan: row {me} of the count matrix {counts[me].tolist()} is not this rank's "
+                         f"per-expert count")
+    order = np.argsort(expert, kind="stable")
+    unsort = np.empty_like(order)
+    unsort[order] = np.arange(order.size)
+    matrix = counts.reshape(P, P, L).sum(2)
+    mine = counts[:, me * L:(me + 1) * L]                  # (sources, local experts) rows received
+    recv_start = np.cumsum(mine.reshape(-1)) - mine.reshape(-1)   # source-major, expert-minor offsets
+    recv_start = recv_start.reshape(P, L)
+    by_expert, expert_rows, start = [], [], 0
+    for local in range(L):
+        for source in range(P):
+            by_expert.append(recv_start[source, local] + np.arange(mine[source, local]))
+        stop = start + int(mine[:, local].sum())
+        expert_rows.append((start, stop))
+        start = stop
+    by_expert = np.concatenate(by_expert).astype(np.int64) if by_expert else np.zeros(0, np.int64)
+    by_source = np.empty_like(by_expert)
+    by_source[by_expert] = np.arange(by_expert.size)
+    return {"send_token": (order // topk).astype(np.int32), "matrix": matrix.astype(np.int32),
+            "by_expert": by_expert.astype(np.int32), "expert_rows": expert_rows,
+            "by_source": by_source.astype(np.int32), "unsort": unsort.astype(np.int32)}
 
 
 @dataclass(repr=False)

@@ -61,9 +61,17 @@ def run(configs, modes=("pynative", "jit")):
             for p in model.trainable_params():
                 sl = layout_of(p).local_slice(global_shape_of(p), rank)
                 shards[p.name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], global_shape_of(p))
-            result[f"{name}/{mode}"] = {"losses": losses, "shards": shards,
+            result[f"{name}/{mode}"] = {"losses": losses, "shards": shards, "counts": _expert_counts(model),
                                         "plan": sharding_plan_of(model).explain() if mode == "pynative" else ""}
     return result
+
+
+def _expert_counts(model):
+    """The (P, E) routed-row count matrices of the expert-parallel kernels' last variable-count exchange
+    (None where the padded path ran: jit)."""
+    from mindformers_core.sharding.expert_parallel import ExpertParallelExperts
+    return [None if c.last_counts is None else c.last_counts.tolist()
+            for _, c in model.cells_and_names() if isinstance(c, ExpertParallelExperts)]
 
 
 def run_trainer(yaml, out_root, argv, modes=(1, 0)):

@@ -23,6 +23,8 @@ _CPU_NATIVE = {
     "all_gather": lambda g: g.is_world,
     "broadcast": lambda g: g.is_world,
 }
+# ops MindSpore 2.10 has natively on Ascend only (``ops.AlltoAllV``: "Supported Platforms: Ascend")
+_ASCEND_ONLY = {"all_to_all_v"}
 
 
 def emulation_forced() -> bool:
@@ -46,6 +48,6 @@ def is_native(op: str, group: ProcessGroup) -> bool:
         return False
     target = get_env().device_target
     if target in ("Ascend", "GPU"):
-        return True
+        return target == "Ascend" or op not in _ASCEND_ONLY
     predicate = _CPU_NATIVE.get(op)
     return bool(predicate and predicate(group))
