@@ -1,5 +1,5 @@
 """Pipeline x tensor (x data) parallel GPT under msrun equals one process: each stage parallelized
-over its own ranks by shard() declarations, 1F1B with 2 microbatches; losses of 5 momentum-SGD
+over its own ranks by shard() declarations, 1F1B with 2 microbatches; losses of 3 momentum-SGD
 steps and the final weights merged from every rank (relative 1e-5), PyNative and ms.jit."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Tensor (and sequence) parallel GPT under msrun equals one process: losses of 5 momentum-SGD steps and
+"""Tensor (and sequence) parallel GPT under msrun equals one process: losses of 3 momentum-SGD steps and
 the final weights merged from every rank's shards (relative 1e-5), in PyNative and under ms.jit.
 The layers only declare layouts (shard()); propagation derives the rest."""
 import numpy as np
