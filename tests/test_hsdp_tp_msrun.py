@@ -1,5 +1,5 @@
 """hsdp composes with tensor parallel: the GPT sharded dp2 x tp2 by its shard() declarations, then
-hsdp (shard_size 2 over the plan's dp axis) at level1/2/3, equals one process (AdamW, 3 steps)."""
+hsdp (shard_size 2 over the plan's dp axis) at level1/2/3, equals one process (AdamW, 2 steps)."""
 import numpy as np
 import pytest
 

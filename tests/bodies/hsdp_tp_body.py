@@ -11,7 +11,9 @@ from mindformers_core.sharding.parallelizer import parallelize
 from mindformers_core.transformer import GPTModel
 from tests.bodies.gpt_tp_body import batches, make_config
 
-STEPS = 3
+# 2 AdamW steps (3 until the suite had to fit 20 minutes): step 2 runs on the moments and (level3) the
+# weight shards step 1 left, the carry a third step would prove again
+STEPS = 2
 LR = 1e-3
 
 
