@@ -13,18 +13,23 @@ import numpy as np
 import pytest
 
 from tests.msrun_batch import job
-from tests.bodies.moe_body import reference
+from tests.bodies.moe_body import BATCH, SEQ, reference
 from tests.test_gpt_tp_msrun import _check, _merge
 
 pytestmark = pytest.mark.msrun
+BATCH_TOKENS = BATCH * SEQ
 EP2 = job("moe_ep2", 2, "tests.bodies.moe_body:run",
           {"configs": {"ep2": {"dp": 2, "ep": 2}, "ep2_sigmoid_groups": {"dp": 2, "ep": 2, "group": True,
                                                                       "modes": ["jit"]}}},
           timeout=600, group=__name__)
+# the variable-count all-to-all alone: uneven counts, a zero-count chunk, a rank that receives nothing
+A2AV_CASES = [[[2, 3], [0, 1]], [[0, 4], [0, 2]]]
+A2AV = job("all_to_all_v", 2, "tests.bodies.moe_body:run_all_to_all_v", {"cases": A2AV_CASES}, timeout=300,
+           group=__name__)
 EP4 = job("moe_ep4", 4, "tests.bodies.moe_body:run",
-          # one mode each where the kernel is proven in both on 2 ranks (ep2): ep4 jit, ep2 x dp2 PyNative;
-          # ep2 x tp2 (the dense tp composition) in both
-          {"configs": {"ep4": {"dp": 4, "ep": 4, "modes": ["jit"]},
+          # ep4 in both modes (PyNative: the variable-count exchange over 4 ranks; jit: the padded one); ep2 x dp2
+          # PyNative (the variable-count exchange on an ep subgroup); ep2 x tp2 (the dense tp composition) in both
+          {"configs": {"ep4": {"dp": 4, "ep": 4},
                        "ep2_dp2_global_aux": {"dp": 4, "ep": 2, "balance": "aux_loss", "modes": ["pynative"]},
                        "ep2_tp2": {"dp": 2, "ep": 2, "tp": 2}}}, timeout=900, group=__name__)
 
@@ -77,9 +82,41 @@ def single_process():
     return reference()
 
 
+def _uneven_variable_path(results, name, ep, dp):
+    """PyNative ran the variable-count exchange (the kernel kept its count matrix; jit ran the padded one) and
+    the routing really was uneven: per expert and per destination rank (so padded chunks would have padding)."""
+    for rank, per_rank in enumerate(results):
+        counts = per_rank[f"{name}/pynative"]["counts"]
+        assert len(counts) == 1 and counts[0] is not None, (name, rank)
+        c = np.array(counts[0])
+        assert c.shape == (ep, 4) and c.sum() == ep * (BATCH_TOKENS // dp) * 2, c   # every row of the ep group
+        per_dest = c.reshape(ep, ep, -1).sum(2)
+        assert len(set(c.reshape(-1).tolist())) > 1 and len(set(per_dest.reshape(-1).tolist())) > 1, c
+        if f"{name}/jit" in per_rank:
+            assert per_rank[f"{name}/jit"]["counts"] == [None]
+
+
+def test_all_to_all_v_forward_and_backward():
+    """Every rank receives, in source order, exactly the rows addressed to it (zero-count chunks and a rank
+    that receives nothing included); the gradient is the exchange back with the transposed counts."""
+    from mindformers_core.distributed.comm.exchange import emulated_all_to_all_v
+    results = A2AV.results()
+    for case, matrix in enumerate(A2AV_CASES):
+        m = np.array(matrix)
+        sends = [r[case]["rows"] for r in results]
+        want = emulated_all_to_all_v(sends, m)
+        grads = emulated_all_to_all_v([r[case]["weight"] for r in results], m.T)
+        for rank, r in enumerate(results):
+            assert r[case]["agreed"] == matrix
+            np.testing.assert_array_equal(r[case]["received"].reshape(-1, 3), want[rank])
+            assert [tuple(x[:2]) for x in want[rank]] == [(j, rank) for j in range(2) for _ in range(m[j, rank])]
+            np.testing.assert_array_equal(r[case]["grad"].reshape(-1, 3), grads[rank])
+
+
 def test_ep2_softmax_and_sigmoid_group_routing(single_process):
     results = EP2.results()
     _check(results, single_process, ["ep2"])
+    _uneven_variable_path(results, "ep2", 2, 2)
     ref = reference(("jit",), group=True)         # routing variant: one mode (ep2 proves both modes)
     got = [{"ep2_sigmoid_groups/pynative": r["ep2_sigmoid_groups/jit"], **r} for r in results]
     _check(got, {"pynative": ref["jit"], "jit": ref["jit"]}, ["ep2_sigmoid_groups"])
@@ -90,7 +127,9 @@ def test_ep2_softmax_and_sigmoid_group_routing(single_process):
 
 def test_ep4_ep2xdp2_ep2xtp2(single_process):
     results = EP4.results()
-    _check(results, single_process, ["ep4", "ep2_tp2"], {"ep4": ["jit"]})
+    _check(results, single_process, ["ep4", "ep2_tp2"])
+    _uneven_variable_path(results, "ep4", 4, 4)
+    _uneven_variable_path(results, "ep2_dp2_global_aux", 2, 4)
     _check(results, reference(modes=("pynative",), balance="aux_loss"), ["ep2_dp2_global_aux"],  # batch-wide loss
            {"ep2_dp2_global_aux": ["pynative"]})
     plan = results[0]["ep2_dp2_global_aux/pynative"]["plan"]

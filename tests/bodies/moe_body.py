@@ -155,3 +155,27 @@ def run_checkpoint_ep(ep1_dir, ep2_dir):
         if ep == 2:
             save_checkpoint(ep2_dir, 1, {p.name: p.asnumpy() for p in params}, {p.name: layout_of(p) for p in params})
     return out
+
+
+# ---- the variable-count all-to-all on its own --------------------------------------------------------------
+def run_all_to_all_v(cases):
+    """``all_to_all_v`` over the world with each case's (P, P) send-count matrix (rows of width 3 that name
+    their source, destination and position), forward and the gradient of ``sum(y * w)``; returns what this
+    rank received, its gradient and the count matrix the exchange agreed on."""
+    from mindspore import Tensor
+    from mindformers_core.distributed.comm import all_to_all_v, gather_counts
+    from mindformers_core.distributed.process_group import world_group
+    rank = get_env().rank
+    out = []
+    for matrix in cases:
+        m = np.asarray(matrix)
+        rows = np.array([[rank, j, t] for j in range(len(m)) for t in range(m[rank, j])], np.float32).reshape(-1, 3)
+        weight = Tensor(np.arange(3 * m[:, rank].sum(), dtype=np.float32).reshape(-1, 3) + 1 + 100 * rank)
+
+        def f(x):
+            return (all_to_all_v(x, m[rank], None) * weight).sum()
+        received = all_to_all_v(Tensor(rows), m[rank], None)
+        grad = ms.grad(f)(Tensor(rows))
+        out.append({"received": received.asnumpy(), "grad": grad.asnumpy(), "weight": weight.asnumpy(),
+                    "rows": rows, "agreed": gather_counts(world_group(), m[rank]).tolist()})
+    return out
