@@ -246,6 +246,7 @@ class PipelineTrainStep:
             raise RuntimeError("hsdp level3: the train step runs on the shards (each unit gathers its own "
                                "weights); call it outside `with wrapped.unsharded():`")
         loss = self.schedule.run(inputs, labels, mode=self.mode, config=config)
+        made = loss
         if self.units is not None:
             self.units.check_closed()
         grads = tuple(wrapped.stages[si].grads[j] for si, j in self.source)
@@ -254,4 +255,6 @@ class PipelineTrainStep:
             grads = ms.mutable(grads)
         loss, _, norm = self.fn(grads, local, *self.params)
         self.grad_norm = norm if self.clipping else None
-        return loss if self.has_last else None
+        # a rank without the last stage returns the stage-local losses its stages made (e.g. a MoE
+        # stage's load-balancing loss), reduced over dp as the last stage's loss is; None when it made none
+        return loss if self.has_last or made is not None else None
