@@ -1,5 +1,5 @@
 """hsdp parity under msrun: a small MLP (two weights above the 1 KB threshold, biases below)
-trained for 5 AdamW steps at every level and shard size, in PyNative and ms.jit, gives the same
+trained for 3 AdamW steps at every level and shard size, in PyNative and ms.jit, gives the same
 losses and final (gathered) weights as pure data parallel and as one process on the global batch
 (relative 1e-5). Also: gradient accumulation (2 half-batch micro-steps = 1 full step) with
 collectives only on the last micro-step, global-norm clipping, level3 holding only shards."""

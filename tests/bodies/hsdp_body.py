@@ -11,7 +11,11 @@ from mindformers_core.distributed import get_env
 from mindformers_core.hsdp import hsdp
 from mindformers_core.optim import AdamW, CosineWithWarmUpLR, clip_grad_norm
 
-IN, HIDDEN, OUT, GLOBAL_BATCH, STEPS = 16, 64, 6, 16, 5
+# 3 steps (5 until the suite had to fit 20 minutes): AdamW moments and the shards carry over two step
+# boundaries, the warm-up and cosine decay are both crossed. The accumulation and clipping configs run 3
+# too: with 2, the clipped run's last loss equals the unclipped one (measured 2.40703988 vs 2.40703964:
+# AdamW undoes a uniform gradient scale at its first step), so the test could not see clipping act
+IN, HIDDEN, OUT, GLOBAL_BATCH, STEPS = 16, 64, 6, 16, 3
 SHORT = 3   # steps of the accumulation and clipping configs
 THRESHOLD_KB = 1   # W1 (64x16, 4 KB) and W2 (6x64, 1.5 KB) are sharded, the biases are not
 
