@@ -7,7 +7,8 @@ from .communication import add_communication
 from .compute_order import compute_only, ideal_makespan, ideal_timeline, validate_compute_order
 from .costs import StepCosts
 from .errors import DeadlockError, ScheduleError
-from .dualpipe import dualpipev_compute_order
+from .dualpipe import (dualpipe_compute_order, dualpipe_placement, dualpipe_routes, dualpipev_compute_order,
+                       simulate_dualpipe, validate_dualpipe_order)
 from .lowering import lower_for_runtime, split_overlapped
 from .meta_step import MetaStep, MetaStepType
 from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge_microbatches,
@@ -35,5 +36,6 @@ __all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "Replicate
            "LayerCost", "LayerProfile", "StagePlan", "measure_layers", "measure_stage_times",
            "plan_stages", "report", "stage_times_from_trace",
            "load_trace", "render_svg", "save_svg", "save_trace", "timeline_from_trace", "trace_to_dict",
-           "ScheduleDualPipeV", "compute_only", "dualpipev_compute_order", "ideal_makespan", "ideal_timeline",
+           "ScheduleDualPipeV", "compute_only", "dualpipe_compute_order", "dualpipe_placement", "dualpipe_routes",
+           "simulate_dualpipe", "validate_dualpipe_order", "dualpipev_compute_order", "ideal_makespan", "ideal_timeline",
            "lower_for_runtime", "split_overlapped", "validate_compute_order"]

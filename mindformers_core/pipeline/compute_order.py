@@ -145,10 +145,12 @@ def _producer_of(data: Data, seen) -> Optional[MetaStep]:
 
 
 def ideal_timeline(compute_order: Mapping[int, Sequence[MetaStep]], stage_num: int,
-                   costs: StepCosts = StepCosts()) -> Timing:
+                   costs: StepCosts = StepCosts(), consumes=None) -> Timing:
     """Start and end of every compute step when data moves instantly and nothing blocks. Raises
     ScheduleError (rule ``dataflow``) naming the chain of ranks waiting on each other when the
-    order cannot finish even so."""
+    order cannot finish even so. ``consumes(step) -> data`` replaces the one-chain data flow
+    (stage s after s-1 for every microbatch), e.g. for the two directions of DualPipe."""
+    needs_of = consumes if consumes is not None else (lambda step: consumes_all(step, stage_num))
     ready: Dict[Data, float] = {}
     timing: Timing = {}
     pos = {r: 0 for r in compute_order}
@@ -159,7 +161,7 @@ def ideal_timeline(compute_order: Mapping[int, Sequence[MetaStep]], stage_num: i
         for rank, steps in compute_order.items():
             while pos[rank] < len(steps):
                 step = steps[pos[rank]]
-                needs = consumes_all(step, stage_num)
+                needs = needs_of(step)
                 if any(d not in ready for d in needs):
                     break
                 start = max([clock[rank]] + [ready[d] for d in needs])
@@ -176,7 +178,7 @@ def ideal_timeline(compute_order: Mapping[int, Sequence[MetaStep]], stage_num: i
         lines = []
         for rank in sorted(stuck):
             step = compute_order[rank][stuck[rank]]
-            for d in consumes_all(step, stage_num):
+            for d in needs_of(step):
                 if d in ready:
                     continue
                 if d not in made_by:

@@ -32,7 +32,7 @@ published description of the schedule (DeepSeek's DualPipe README and paper), wr
 from __future__ import annotations
 
 from collections import deque
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .errors import ScheduleError
 from .meta_step import MetaStep, MetaStepType as T
@@ -103,3 +103,189 @@ def dualpipev_compute_order(pp_size: int, micro_batch_num: int, overlap: bool = 
         assert not weights and all(n == m for n in nxt.values()), (r, nxt, weights)
         order[r] = out
     return order
+
+
+# ---- DualPipe: the bidirectional original ---------------------------------------------------------------
+# Source: DeepSeek-V3 Technical Report (arXiv:2412.19437), section 3.2.1, and the reference
+# implementation deepseek-ai/DualPipe, dualpipe/dualpipe.py (DualPipe.step: steps 1-8, "nF0", "nF0F1",
+# "nB1W1F1", "nF0B1F1B0", "nB1F1B0", "nB1B0", "nWB0", "nW"; half_rank = min(rank, p - 1 - rank);
+# chunk 0 is the direction that enters at the nearer end of the pipeline).
+#
+# p ranks (even), a model of p stages, two copies of the weights: the "down" copy holds model stage r on
+# rank r, the "up" copy model stage p-1-r on rank r. Microbatches 0..m/2-1 enter at rank 0 and flow down,
+# microbatches m/2..m-1 enter at rank p-1 and flow up. Here as data: stage index k (0 <= k < p) is model
+# stage k of the down copy, stage index p + k model stage k of the up copy; that is ZBV's V placement
+# over 2p stage indices (index p + k on rank p-1-k), but a microbatch runs ONE copy (its route), not 2p
+# stages. Rank r's steps are those of DualPipeV's rank half_rank with p/2 ranks and m/2 microbatches
+# (chunk 0 = this rank's stage of the direction entering nearer, chunk 1 = the other): the reference
+# implementation runs exactly the DualPipeV phases above, with ``half_num_ranks`` and ``half_num_chunks``.
+# After a step the gradients of the two copies of a model stage (stage k on rank k, its copy on rank
+# p-1-k) are summed so that both copies stay equal.
+
+def dualpipe_routes(pp_size: int, micro_batch_num: int) -> Dict[int, range]:
+    """Microbatch -> the stage indices it runs: the down copy ``0..p-1`` for the first half of the
+    microbatches, the up copy ``p..2p-1`` for the second half."""
+    half = micro_batch_num // 2
+    return {i: range(0, pp_size) if i < half else range(pp_size, 2 * pp_size) for i in range(micro_batch_num)}
+
+
+def dualpipe_model_stage(stage_index: int, pp_size: int):
+    """``(copy, model stage)`` of a DualPipe stage index: ``("down", k)`` or ``("up", k)``."""
+    return ("down", stage_index) if stage_index < pp_size else ("up", stage_index - pp_size)
+
+
+def dualpipe_placement(pp_size: int):
+    """Rank of each of the ``2p`` stage indices: down stage k on rank k, up stage k on rank p-1-k."""
+    return tuple(range(pp_size)) + tuple(pp_size - 1 - k for k in range(pp_size))
+
+
+def _dual_check(p, m) -> None:
+    for name, value in (("pp_size", p), ("micro_batch_num", m)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ScheduleError("input", f"dualpipe_compute_order: {name}={value!r} must be a positive integer")
+    if p % 2:
+        raise ScheduleError("input", f"DualPipe: pp_size={p} must be even (each rank pairs with its mirror rank "
+                            f"p-1-r; DeepSeek's DualPipe requires an even rank count); use {p + 1} ranks or "
+                            "dualpipev")
+    if m % 2 or m < 2 * p:
+        raise ScheduleError("input", f"DualPipe: micro_batch_num={m} must be even (half enter at each end) and "
+                            f">= 2 * pp_size = {2 * p} (each direction fills a pipeline of p ranks); use "
+                            f"{max(2 * p, m + m % 2)}")
+
+
+def dualpipe_compute_order(pp_size: int, micro_batch_num: int, overlap: bool = True) -> Dict[int, List[MetaStep]]:
+    """DualPipe's compute order per rank (see above): stage indices ``0..2p-1`` (``dualpipe_placement``),
+    microbatches ``0..m/2-1`` down, ``m/2..m-1`` up. ``overlap=False`` runs every ``FWD_BWD`` unit as
+    its forward, then its backward."""
+    p, m = pp_size, micro_batch_num
+    _dual_check(p, m)
+    half = m // 2
+    v_order = dualpipev_compute_order(p // 2, half, overlap)
+    order: Dict[int, List[MetaStep]] = {}
+    for r in range(p):
+        h = min(r, p - 1 - r)
+
+        def dual(step: MetaStep) -> MetaStep:
+            if step.type is T.FWD_BWD:
+                return MetaStep.overlapped(*(dual(part) for part in step.parts))
+            v = step.stage_index                    # DualPipeV's stage h (chunk 0) or p-1-h (chunk 1)
+            if v == r:                              # this rank's stage of the down copy
+                return MetaStep(step.micro_index, step.type, r)
+            assert v == p - 1 - r, (r, step)        # this rank's stage of the up copy
+            return MetaStep(half + step.micro_index, step.type, p + (p - 1 - r))
+        order[r] = [dual(step) for step in v_order[h]]
+    return order
+
+
+def dualpipe_consumes(pp_size: int, micro_batch_num: int):
+    """``consumes(step) -> data`` of DualPipe's two routes (for ``compute_order.ideal_timeline``)."""
+    routes = dualpipe_routes(pp_size, micro_batch_num)
+
+    def consumes(step: MetaStep):
+        out = []
+        for part in step.parts:
+            i, s, t = part.micro_index, part.stage_index, part.type
+            first, last = s == routes[i][0], s == routes[i][-1]
+            if t is T.FWD:
+                out += [] if first else [("act", i, s - 1)]
+            elif t in (T.BWD, T.BWD_INPUT):
+                out += [("act", i, s)] + ([] if last else [("grad", i, s + 1)])
+            elif t is T.BWD_WEIGHT:
+                out.append(("grad", i, s))
+        return tuple(out)
+    return consumes
+
+
+def validate_dualpipe_order(order: Dict[int, List[MetaStep]], pp_size: int, micro_batch_num: int,
+                            costs=None):
+    """Check a DualPipe compute order the way ``validate_compute_order`` checks a one-chain order, on
+    DualPipe's two routes: every step on the rank of its stage (``dualpipe_placement``), a microbatch
+    only on the stages of its route, no step twice, every (microbatch, stage of its route) with a
+    forward and a full or split backward, within a rank a step after what the rank itself produces for
+    it, and data flow (free communication: every rank finishes; else the waiting chain is named).
+    Returns the ideal timeline (``{step: (start, end)}``) under ``costs`` (a ``StepCosts``)."""
+    from .compute_order import ideal_timeline
+    from .costs import StepCosts
+    p, m = pp_size, micro_batch_num
+    _dual_check(p, m)
+    rank_of, routes = dualpipe_placement(p), dualpipe_routes(p, m)
+    seen: Dict[MetaStep, tuple] = {}
+    for rank, steps in order.items():
+        for idx, step in enumerate(steps):
+            if not isinstance(step, MetaStep) or not step.type.is_compute:
+                raise ScheduleError("input", f"{step!r}: a DualPipe compute order holds FWD, BWD, BWD_INPUT, "
+                                    "BWD_WEIGHT and FWD_BWD MetaSteps only", rank=rank, index=idx)
+            for part in step.parts:
+                i, s = part.micro_index, part.stage_index
+                where = dict(rank=rank, index=idx, step=step)
+                if not 0 <= i < m:
+                    raise ScheduleError("placement", f"{part!r}: microbatch {i} does not exist (micro_batch_num="
+                                        f"{m})", **where)
+                if s not in routes[i]:
+                    raise ScheduleError("placement", f"{part!r}: microbatch {i} runs the "
+                                        f"{dualpipe_model_stage(routes[i][0], p)[0]} copy, stages "
+                                        f"{routes[i][0]}..{routes[i][-1]}, not stage {s}", **where)
+                if rank_of[s] != rank:
+                    raise ScheduleError("placement", f"{part!r}: stage {s} ({'/'.join(map(str, dualpipe_model_stage(s, p)))}) "
+                                        f"lives on rank {rank_of[s]}, not on rank {rank}", **where)
+                if part in seen:
+                    raise ScheduleError("unique", f"{part!r} appears twice (first at rank {seen[part][0]} step "
+                                        f"{seen[part][1]})", **where)
+                seen[part] = (rank, idx)
+    for i, route in routes.items():
+        for s in route:
+            full = MetaStep(i, T.BWD, s) in seen
+            split = [MetaStep(i, t, s) in seen for t in (T.BWD_INPUT, T.BWD_WEIGHT)]
+            if MetaStep(i, T.FWD, s) not in seen or not (full ^ all(split)) or (full and any(split)) \
+                    or (any(split) and not all(split)):
+                raise ScheduleError("complete", f"microbatch {i}, stage {s} on rank {rank_of[s]}: needs one FWD and "
+                                    "either one BWD or one BWD_INPUT and one BWD_WEIGHT")
+    consumes = dualpipe_consumes(p, m)
+    produced_by = {}
+    for part in seen:
+        if part.type is T.FWD:
+            produced_by[("act", part.micro_index, part.stage_index)] = part
+        elif part.type in (T.BWD, T.BWD_INPUT):
+            produced_by[("grad", part.micro_index, part.stage_index)] = part
+    for rank, steps in order.items():
+        for idx, step in enumerate(steps):
+            for part in step.parts:
+                for need in consumes(part):
+                    producer = produced_by[need]
+                    pr, pi = seen[producer]
+                    if pr == rank and pi >= idx:
+                        raise ScheduleError("order", f"{part!r} needs {producer!r}, which comes "
+                                            f"{'in the same unit' if pi == idx else f'later (step {pi})'} on rank "
+                                            f"{rank}", rank=rank, index=idx, step=step)
+    return ideal_timeline(order, 2 * p, costs if costs is not None else StepCosts(), consumes=consumes)
+
+
+def simulate_dualpipe(pp_size: int, micro_batch_num: int, fwd_time: float = 2.0, bwd_time: float = 4.0,
+                      overlap: float = 0.0, order: Optional[Dict[int, List[MetaStep]]] = None) -> Dict:
+    """DualPipe's predicted step with free communication (the ideal timeline: what posted point-to-point
+    with hidden transfers reaches): makespan, bubble ratio (idle over makespan x ranks), bubble per rank,
+    peak in-flight activations per rank (stages' microbatches whose forward ran and input gradient did
+    not; a unit = one stage of one microbatch) and until the weight gradient. ``fwd_time``/``bwd_time``
+    per stage of one microbatch (I = W = B/2); ``overlap`` credits ``FWD_BWD`` units as ``StepCosts``."""
+    from .costs import StepCosts
+    order = order if order is not None else dualpipe_compute_order(pp_size, micro_batch_num, overlap=True)
+    costs = StepCosts(fwd_time, bwd_time, overlap=overlap)
+    timing = validate_dualpipe_order(order, pp_size, micro_batch_num, costs)
+    makespan = max(end for _, end in timing.values())
+    busy = {r: sum(timing[s][1] - timing[s][0] for s in steps) for r, steps in order.items()}
+    peaks, until_w = {}, {}
+    for r, steps in order.items():
+        live = held = peak = peak_held = 0
+        for step in steps:
+            for part in step.parts:
+                if part.type is T.FWD:
+                    live, held = live + 1, held + 1
+                elif part.type in (T.BWD, T.BWD_INPUT):
+                    live -= 1
+                if part.type in (T.BWD, T.BWD_WEIGHT):
+                    held -= 1
+                peak, peak_held = max(peak, live), max(peak_held, held)
+        peaks[r], until_w[r] = peak, peak_held
+    return {"makespan": makespan, "bubble_ratio": 1 - sum(busy.values()) / (makespan * len(order)),
+            "bubble_per_rank": {r: 1 - b / makespan for r, b in busy.items()},
+            "peak_in_flight": peaks, "peak_until_weight_grad": until_w}

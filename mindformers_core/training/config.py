@@ -15,7 +15,7 @@ import yaml
 
 from .dialects import GRAPH, detect, override_known, suggest, translate, unknown
 from .rules import check_rules
-from .schema import SCHEMA, TYPE_CHECKS, Field, Section, default_tree, lookup
+from .schema import NOT_RUNNABLE, SCHEMA, TYPE_CHECKS, Field, Section, default_tree, lookup
 
 Overrides = Union[Mapping[str, Any], Sequence[Union[str, Tuple[str, Any]]]]
 
@@ -204,7 +204,8 @@ def _check_field(path: str, value: Any, f: Field) -> Optional[str]:
     if not any(TYPE_CHECKS[t](value) for t in f.types):
         return f"{path} = {value!r}: must be {' or '.join(f.types)} (got {type(value).__name__})"
     if f.choices and value not in f.choices:
-        return f"{path} = {value!r}: must be one of {list(f.choices)}"
+        why = NOT_RUNNABLE.get(path, {}).get(value) if isinstance(value, str) else None
+        return f"{path} = {value!r}: " + (f"{why}; " if why else "") + f"must be one of {list(f.choices)}"
     if f.min is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < f.min:
         return f"{path} = {value!r}: must be >= {f.min:g}"
     return None

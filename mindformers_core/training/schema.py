@@ -66,6 +66,14 @@ def F(types: str, default: Any = REQUIRED, doc: str = "", choices=(), min=None) 
 
 
 PIPELINE_SCHEDULERS = tuple(BUILTIN_SCHEDULES)  # the names the runtime can build
+# values MindFormers users may ask for that are known but not runnable yet: the error says what is missing
+NOT_RUNNABLE = {
+    "parallel.pipeline_config.pipeline_scheduler": {
+        "dualpipe": "the bidirectional DualPipe exists as a compute order (pipeline.dualpipe_compute_order: "
+                    "validated and simulated) but the runtime does not execute it yet (two weight copies per "
+                    "rank, data entering at both ends, the copies' gradients summed); use dualpipev (DualPipe "
+                    "cut in half: one weight copy, the same overlapped units)"},
+}
 
 SCHEMA = Section({
     "seed": F("int", 0, "Global random seed (MindSpore, NumPy, data shuffling).", min=0),
