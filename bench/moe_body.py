@@ -1,6 +1,7 @@
 """Worker side of bench/moe.py: a GPT with MoE layers (or its dense twin) parallelized over the
-msrun ranks (data parallel, experts over ep = all ranks), timed training steps under ms.jit, one
-PyNative step with the all-to-all payload counted at the kernel, and the experts' load."""
+msrun ranks (data parallel, experts over ep = all ranks), timed training steps under ms.jit, PyNative
+steps with the all-to-all payload counted at the kernels (the variable-count path, then the padded one
+forced on the same model) and timed, and the experts' load."""
 import time
 
 import numpy as np
@@ -8,35 +9,65 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_core.distributed import get_env
-from mindformers_core.sharding import context_parallel as C
+from mindformers_core.distributed.comm import exchange as X
+from mindformers_core.sharding.expert_parallel import ExpertParallelExperts
 from mindformers_core.sharding.annotations import sharding_plan_of
 from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
 from mindformers_core.transformer import GPTModel, TransformerConfig
 from mindformers_core.transformer.moe import routers_of
 
-_COUNT = {"bytes": 0}
+_COUNT = {}
+
+
+def _reset():
+    _COUNT.update(padded=0, padded_buffer=0, variable=0, variable_buffer=0)
 
 
 def _instrument():
-    """Count the payload each rank sends through an all-to-all: (n - 1) / n of its input (PyNative).
-    The expert exchange is the differentiable all-to-all of sharding/context_parallel.py, whose
-    backward kernels come from that module's backward twin: both are counted."""
+    """Count, per rank, the off-rank payload each all-to-all sends and the buffer its CPU emulation moves
+    (PyNative): the padded exchange (SlotAllToAll of distributed/comm/exchange.py and of its backward twin:
+    (n - 1) / n of the input sent, n times the input all-reduced) and the variable-count one (AllToAllV:
+    the off-rank rows sent; the all-gathered rows, P x the largest send total)."""
     saved = []
-    for module in (C, C._backward_twin()):
-        cls = module._AllToAll
+    for module in (X, X.backward_twin()):
+        cls = module.SlotAllToAll
         orig = cls.construct
-        saved.append((cls, orig))
+        saved.append((cls, "construct", orig))
 
         def construct(self, x, *rest, _orig=orig):
             if self.n > 1:
-                _COUNT["bytes"] += int((self.n - 1) / self.n * x.size * x.itemsize)
+                _COUNT["padded"] += int((self.n - 1) / self.n * x.size * x.itemsize)
+                _COUNT["padded_buffer"] += self.n * x.size * x.itemsize
             return _orig(self, x, *rest)
         cls.construct = construct
+    orig_v = X.AllToAllV.exchange
+    saved.append((X.AllToAllV, "exchange", orig_v))
+
+    def exchange(self, x, m):
+        if self.n > 1:
+            b = X.all_to_all_v_bytes(m, x.itemsize * int(np.prod(x.shape[1:])), self.index)
+            _COUNT["variable"] += b["sent"]
+            _COUNT["variable_buffer"] += b["emulated"]
+        return orig_v(self, x, m)
+    X.AllToAllV.exchange = exchange
 
     def restore():
-        for cls, orig in saved:
-            cls.construct = orig
+        for cls, attr, orig in saved:
+            setattr(cls, attr, orig)
     return restore
+
+
+def _variable_analytic(kernels, rank_in_group, h, itemsize=4):
+    """Off-rank bytes of one step from the count matrices the layers exchanged: per layer, dispatch sends
+    this rank's off-rank rows, combine sends back the off-rank rows it received; the backward the same."""
+    total = 0
+    for k in kernels:
+        c = np.asarray(k.last_counts)
+        P = c.shape[0]
+        m = c.reshape(P, P, -1).sum(2)
+        me = rank_in_group
+        total += 2 * (m[me].sum() - m[me, me] + m[:, me].sum() - m[me, me]) * h * itemsize
+    return int(total)
 
 
 def config(kind, dp, ep, h, layers, heads, vocab, seq, experts, topk, expert_ffn):
@@ -49,7 +80,7 @@ def config(kind, dp, ep, h, layers, heads, vocab, seq, experts, topk, expert_ffn
                              **common)
 
 
-def run(cases, batch, steps, h, layers, heads, vocab, seq, experts, topk, expert_ffn):
+def run(cases, batch, steps, h, layers, heads, vocab, seq, experts, topk, expert_ffn, pynative_steps=1):
     env = get_env()
     rank, world = env.rank, env.world_size
     out = {}
@@ -74,11 +105,25 @@ def run(cases, batch, steps, h, layers, heads, vocab, seq, experts, topk, expert
             opt(reducer(grads))
             return loss
 
-        restore = _instrument()                         # one PyNative step: count the all-to-all payload
-        _COUNT["bytes"] = 0
-        step(ids, labels).asnumpy()
+        kernels = [c for _, c in model.cells_and_names() if isinstance(c, ExpertParallelExperts)]
+        counted = {}
+        restore = _instrument()                         # PyNative steps: count the all-to-all payload
+        for path in (("variable", "padded") if kernels else ("dense",)):
+            for k in kernels:
+                k.variable = path == "variable"
+            _reset()
+            step(ids, labels).asnumpy()                 # counted (and warm)
+            counted[path] = dict(_COUNT)
+            if path == "variable":
+                counted[path]["analytic"] = _variable_analytic(kernels, kernels[0].index, h)
+                counted[path]["counts"] = [k.last_counts.tolist() for k in kernels]
+            t0 = time.perf_counter()
+            for _ in range(pynative_steps):
+                step(ids, labels).asnumpy()
+            counted[path]["pynative_step_s"] = (time.perf_counter() - t0) / max(pynative_steps, 1)
+        for k in kernels:
+            k.variable = True
         restore()
-        counted = _COUNT["bytes"]
         for _, r in routers_of(model):
             r.tokens_per_expert.set_data(Tensor(np.zeros(r.num_experts, np.float32)))
         jitted = ms.jit(step)
@@ -89,6 +134,6 @@ def run(cases, batch, steps, h, layers, heads, vocab, seq, experts, topk, expert
         loss = float(loss.asnumpy())
         dt = (time.perf_counter() - t0) / steps
         load = [r.tokens_per_expert.asnumpy().tolist() for _, r in routers_of(model)]
-        out[kind] = {"step_s": dt, "loss": loss, "a2a_bytes": counted, "load": load,
+        out[kind] = {"step_s": dt, "loss": loss, "a2a": counted, "load": load,
                      "params": int(sum(p.size for p in params))}
     return out

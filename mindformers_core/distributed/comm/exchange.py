@@ -170,6 +170,7 @@ class AllToAllV(CommCell):
 
     def exchange(self, x, m):
         me, n = self.index, self.n
+        m = check_count_matrix(m, n)
         rest = tuple(x.shape[1:])
         if int(m[me].sum()) != x.shape[0]:
             raise ValueError(f"all_to_all_v: member {me} holds {x.shape[0]} rows but the count matrix says it "
