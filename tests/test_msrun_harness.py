@@ -5,12 +5,16 @@ import psutil
 import pytest
 
 from mindformers_core.testing import MsrunError, run_msrun
+from tests.msrun_batch import job
 
 pytestmark = pytest.mark.msrun
+# a job of the suite's 2-rank batch (tests/msrun_batch.py): the batch hands it to run_msrun like every
+# other body, so this checks the same collection path without a launch of its own (~11 s on 2 cores)
+ECHO = job("harness_echo", 2, "tests.bodies.harness_body:echo", {"value": [1, 2]}, timeout=120, group=__name__)
 
 
 def test_results_are_collected_per_rank():
-    results = run_msrun("tests.bodies.harness_body:echo", 2, kwargs={"value": [1, 2]}, timeout=120)
+    results = ECHO.results()
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["world"] == 2 and r["value"] == [1, 2] for r in results)
     assert results[0]["pid"] != results[1]["pid"]
