@@ -224,14 +224,12 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
 
 
 # ---- plain MindSpore: the same Llama without mindformers_core ---------------------------------------------
-def plain_worker(mode: str, steps: int, threads: int) -> None:
-    """Runs in a child process: prints one JSON line with the step times."""
+def plain_model():
+    """The plain-MindSpore Llama of the ``plain`` row and its ``nn.AdamWeightDecay``: (net, optimizer).
+    ``net(ids, labels)`` -> mean loss. Also used by bench/eager_breakdown.py."""
     import numpy as np
     import mindspore as ms
     from mindspore import nn, ops, Tensor, Parameter
-    if threads:
-        ms.device_context.cpu.op_tuning.threads_num(threads)
-    ms.set_seed(0)
     head_dim = HIDDEN // HEADS
 
     class RMSNorm(nn.Cell):
@@ -295,6 +293,18 @@ def plain_worker(mode: str, steps: int, threads: int) -> None:
 
     net = Llama()
     opt = nn.AdamWeightDecay(net.trainable_params(), 1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01)
+    return net, opt
+
+
+def plain_worker(mode: str, steps: int, threads: int) -> None:
+    """Runs in a child process: prints one JSON line with the step times."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor
+    if threads:
+        ms.device_context.cpu.op_tuning.threads_num(threads)
+    ms.set_seed(0)
+    net, opt = plain_model()
     grad_fn = ms.value_and_grad(net, None, opt.parameters)
 
     def step(ids, labels):

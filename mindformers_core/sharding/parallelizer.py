@@ -312,8 +312,13 @@ class GradientReducer(nn.Cell):
             cells.append(_sum_over(device_mesh_of(layout_of(p)).get_group(axes)) if axes else Passthrough())
         self.reducers = nn.CellList(cells)
         self.count = len(cells)
+        # nothing to sum (one process, or every axis skipped): the gradients pass unchanged, without
+        # one Passthrough Cell call per parameter (about 20 ms per step in PyNative for a 39-parameter Llama)
+        self.identity = not any(self.axes)
 
     def construct(self, grads):
+        if self.identity:
+            return grads
         out = ()
         for i in range(self.count):
             out = out + (self.reducers[i](grads[i]),)
