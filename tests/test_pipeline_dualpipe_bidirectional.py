@@ -56,13 +56,13 @@ def test_dualpipe_bubble_is_the_papers_formula():
     for p, m in SIZES:
         for overlap, fb in ((0.0, F + B), (1.0, max(F, B))):
             sim = simulate_dualpipe(p, m, F, B, overlap=overlap)
-            idle = {r: round(b * sim["makespan"], 9) for r, b in sim["bubble_per_rank"].items()}
+            idle = {r: round(b * sim.makespan, 9) for r, b in sim.bubble_per_rank.items()}
             # the formula is the middle ranks' idle time; without overlap every rank idles that long,
             # with it the ranks nearer the ends idle less (they run fewer overlapped units)
             assert max(idle.values()) == (p // 2 - 1) * (fb + B - 3 * W), (p, m, overlap, idle)
             if overlap == 0.0:
                 assert len(set(idle.values())) == 1
-            assert sim["peak_until_weight_grad"] == {r: p + 1 for r in range(p)}
+            assert sim.peak_until_weight_grad == {r: p + 1 for r in range(p)}
 
 
 def test_validator_names_broken_dualpipe_orders():
@@ -106,6 +106,20 @@ def test_validator_names_broken_dualpipe_orders():
     assert list(dualpipe_routes(2, 4).values()) == [range(0, 2), range(0, 2), range(2, 4), range(2, 4)]
 
 
+def test_visualizer_draws_the_dualpipe_timeline():
+    """``simulate_dualpipe`` returns a simulator Timeline: the text chart, SVG and Chrome trace draw it,
+    each rank showing its two stages (the down copy's s<r>, the up copy's s<2p-1-r>) and the units."""
+    from mindformers_core.pipeline import render_svg, render_text, to_chrome_trace
+    tl = simulate_dualpipe(4, 8, overlap=1.0)
+    text = render_text(tl)
+    rows = [line for line in text.splitlines() if line.startswith("rank ")]
+    assert len(rows) == 4 and "@s0" in rows[0] and "@s7" in rows[0] and "@s3" in rows[3] and "@s4" in rows[3]
+    assert "makespan 44" in text
+    assert render_svg(tl).startswith("<svg") and "F4" in render_svg(tl)
+    events = to_chrome_trace(tl)["traceEvents"] if isinstance(to_chrome_trace(tl), dict) else to_chrome_trace(tl)
+    assert len([e for e in events if e.get("ph") == "X"]) == sum(len(v) for v in tl.steps.values())
+
+
 def bubble_rows(sizes=SIZES):
     """Makespan / bubble ratio with free communication (``ideal_makespan``: what posted point-to-point with
     hidden transfers reaches) and the same work per rank in every column: one-stage schedules and DualPipe
@@ -126,8 +140,8 @@ def bubble_rows(sizes=SIZES):
         dpv0 = ideal_makespan(compute_only(dpv), 2 * p, half)
         dpv1 = ideal_makespan(compute_only(dpv), 2 * p, StepCosts(1.0, 2.0, overlap=1.0))
         dp0, dp1 = (simulate_dualpipe(p, m, 2.0, 4.0, overlap=o) for o in (0.0, 1.0))
-        rows.append([p, m, cell(one), cell(zbh1), cell(zbv), cell(dpv0), f"{dpv1:g}", cell(dp0["makespan"]),
-                     f"{dp1['makespan']:g}", f"{max(dp0['peak_until_weight_grad'].values())}"])
+        rows.append([p, m, cell(one), cell(zbh1), cell(zbv), cell(dpv0), f"{dpv1:g}", cell(dp0.makespan),
+                     f"{dp1.makespan:g}", f"{max(dp0.peak_until_weight_grad.values())}"])
     return rows
 
 
@@ -146,7 +160,7 @@ def test_docs_hold_the_generated_bubble_table():
     # what the table says, held: DualPipe on p ranks costs what DualPipeV costs on p/2 ranks with m/2
     # microbatches (its rank runs DualPipeV's rank pattern on whole stages), and without overlap it beats ZB-H1
     for p, m in SIZES:
-        dp = simulate_dualpipe(p, m, 2.0, 4.0)["makespan"]
+        dp = simulate_dualpipe(p, m, 2.0, 4.0).makespan
         if p > 2:
             half = ScheduleDualPipeV(stages_of_rank(0, p // 2, 2, "v"), m // 2).exec_order
             assert dp == 2 * ideal_makespan(compute_only(half), p, StepCosts(1.0, 2.0))
@@ -154,7 +168,7 @@ def test_docs_hold_the_generated_bubble_table():
         assert dp < zbh1
         # with full overlap: DualPipeV's makespan on p ranks
         dpv = ScheduleDualPipeV(stages_of_rank(0, p, 2, "v"), m).exec_order
-        assert simulate_dualpipe(p, m, 2.0, 4.0, overlap=1.0)["makespan"] == \
+        assert simulate_dualpipe(p, m, 2.0, 4.0, overlap=1.0).makespan == \
             ideal_makespan(compute_only(dpv), 2 * p, StepCosts(1.0, 2.0, overlap=1.0))
 
 

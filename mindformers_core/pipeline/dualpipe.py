@@ -261,31 +261,22 @@ def validate_dualpipe_order(order: Dict[int, List[MetaStep]], pp_size: int, micr
 
 
 def simulate_dualpipe(pp_size: int, micro_batch_num: int, fwd_time: float = 2.0, bwd_time: float = 4.0,
-                      overlap: float = 0.0, order: Optional[Dict[int, List[MetaStep]]] = None) -> Dict:
+                      overlap: float = 0.0, order: Optional[Dict[int, List[MetaStep]]] = None):
     """DualPipe's predicted step with free communication (the ideal timeline: what posted point-to-point
-    with hidden transfers reaches): makespan, bubble ratio (idle over makespan x ranks), bubble per rank,
-    peak in-flight activations per rank (stages' microbatches whose forward ran and input gradient did
-    not; a unit = one stage of one microbatch) and until the weight gradient. ``fwd_time``/``bwd_time``
-    per stage of one microbatch (I = W = B/2); ``overlap`` credits ``FWD_BWD`` units as ``StepCosts``."""
+    with hidden transfers reaches), as the ``simulator.Timeline`` that ``render_text``, ``render_svg`` and
+    ``to_chrome_trace`` draw: makespan, bubble ratio (idle over makespan x ranks), bubble per rank, peak
+    in-flight activations per rank and per stage (a unit = one stage of one microbatch) and until the
+    weight gradient. ``fwd_time``/``bwd_time`` per stage of one microbatch (I = W = B/2); ``overlap``
+    credits ``FWD_BWD`` units as ``StepCosts``."""
     from .costs import StepCosts
+    from .replay import StepTiming
+    from .simulator import Timeline, in_flight_peaks
     order = order if order is not None else dualpipe_compute_order(pp_size, micro_batch_num, overlap=True)
     costs = StepCosts(fwd_time, bwd_time, overlap=overlap)
     timing = validate_dualpipe_order(order, pp_size, micro_batch_num, costs)
+    steps = {r: [StepTiming(st, *timing[st]) for st in order[r]] for r in sorted(order)}
     makespan = max(end for _, end in timing.values())
-    busy = {r: sum(timing[s][1] - timing[s][0] for s in steps) for r, steps in order.items()}
-    peaks, until_w = {}, {}
-    for r, steps in order.items():
-        live = held = peak = peak_held = 0
-        for step in steps:
-            for part in step.parts:
-                if part.type is T.FWD:
-                    live, held = live + 1, held + 1
-                elif part.type in (T.BWD, T.BWD_INPUT):
-                    live -= 1
-                if part.type in (T.BWD, T.BWD_WEIGHT):
-                    held -= 1
-                peak, peak_held = max(peak, live), max(peak_held, held)
-        peaks[r], until_w[r] = peak, peak_held
-    return {"makespan": makespan, "bubble_ratio": 1 - sum(busy.values()) / (makespan * len(order)),
-            "bubble_per_rank": {r: 1 - b / makespan for r, b in busy.items()},
-            "peak_in_flight": peaks, "peak_until_weight_grad": until_w}
+    busy = {r: sum(t.end - t.start for t in ts) for r, ts in steps.items()}
+    per_rank, per_stage, until_w = in_flight_peaks(steps)
+    return Timeline(steps, makespan, 1 - sum(busy.values()) / (makespan * len(steps)),
+                    {r: 1 - b / makespan for r, b in busy.items()}, per_rank, per_stage, until_w)
