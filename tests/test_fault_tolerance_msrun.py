@@ -20,11 +20,22 @@ from mindformers_core.testing.msrun import child_env, kill_tree
 from tests.test_trainer import ROOT, args, tiny  # noqa: F401  (tiny: fixture)
 
 LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
-STEPS = 6
-EVERY_STEP = ["--runner_config.max_steps", STEPS, "--lr_schedule.total_steps", STEPS,
-              "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
-                             "keep_checkpoint_max: 3}]"]
-DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2, *EVERY_STEP]
+# 4 steps (6 until the suite had to fit 20 minutes): the two kills land at steps 2 and 3 (random
+# ranks), so each kill is mid-run with a checkpoint behind it and steps ahead of it, the second kill hits
+# the restarted run, and step 4 runs after the second restart; the hang (step 3) lands before the last
+# step (the stopped-rank test runs a long job of its own: it ends at step 2 whatever the length)
+STEPS = 4
+
+
+def every_step(steps):
+    return ["--runner_config.max_steps", steps, "--lr_schedule.total_steps", steps,
+            "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1, "
+                           "keep_checkpoint_max: 3}]"]
+
+
+EVERY_STEP = every_step(STEPS)
+DP2_SHAPE = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2]
+DP2 = [*DP2_SHAPE, *EVERY_STEP]
 JOBS = {   # two workers each; restarts from the launcher's MAX_RESTARTS, or from the YAML key
     "dp2_hsdp_level2": (DP2 + ["--parallel.enable_parallel_optimizer", "True", "--hsdp.threshold", 1,
                                "--hsdp.optimizer_level", "level2"], {"MAX_RESTARTS": "3"}),
@@ -74,8 +85,8 @@ def uninterrupted(tiny, tmp_path_factory):
 
 
 def random_faults(seed):
-    """Two kills (a restart from a restarted run included) of a random rank at distinct random steps in
-    2..STEPS-1 (seed printed on failure)."""
+    """Two kills (a restart from a restarted run included) of a random rank at distinct steps in
+    2..STEPS-1 (with STEPS = 4: steps 2 and 3; the ranks are random; seed printed on failure)."""
     rng = random.Random(seed)
     steps = sorted(rng.sample(range(2, STEPS), 2))
     return [(rng.randrange(2), step) for step in steps]
@@ -110,7 +121,10 @@ def test_killed_ranks_restart_with_the_uninterrupted_losses(tiny, uninterrupted,
 @pytest.mark.msrun
 def test_a_stopped_rank_is_named_and_the_job_ends(tiny, tmp_path):
     out = tmp_path / "out"
-    proc = launch(tiny, out, tmp_path / "logs", {"HEARTBEAT_TIMEOUT": "60"}, wait=False)
+    # a long run (it is stopped at step 2 and never gets further): the rank must not finish before the
+    # SIGSTOP lands
+    proc = launch(tiny, out, tmp_path / "logs", {"HEARTBEAT_TIMEOUT": "60"}, wait=False,
+                  job=[*DP2_SHAPE, *every_step(50)])
     try:
         beat = out / "heartbeat" / "rank_1.json"
         deadline = time.monotonic() + 120
