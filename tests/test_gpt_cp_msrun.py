@@ -3,7 +3,7 @@ weights merged from every rank's shards (relative 1e-5), in PyNative and under m
 split over the ``cp`` mesh axis end to end (inputs in storage order, true RoPE positions, loss = mean
 over all tokens); attention runs the ring / Ulysses / hybrid kernel. 2 ranks: ring cp2 with and without
 causal load balancing, Ulysses cp2; 4 ranks: ring cp4 (both modes), Ulysses cp4 and cp2 x tp2 (PyNative),
-dp2 x cp2 and hybrid (Ulysses 2 x ring 2) in both modes."""
+dp2 x cp2 (PyNative; jit in the trainer's dp2 x cp2 job) and hybrid (Ulysses 2 x ring 2) in both modes."""
 import numpy as np
 import pytest
 
@@ -17,14 +17,16 @@ CP2 = job("gpt_cp2", 2, "tests.bodies.gpt_cp_body:run",
                        "ulysses_cp2": {"cp": 2, "algo": "ulysses"}}}, timeout=600, group=__name__)
 # on 4 ranks Ulysses and cp2 x tp2 run in one mode where the same code is proven in the other mode
 # elsewhere (Ulysses under jit at cp2 above; the trainer runs cp2 x tp2 Ulysses under jit), so the 4-rank
-# launch stays short; the ring of 4 (hops through two-rank pairs, not the two-rank swap of cp2), the
-# hybrid and dp2 x cp2 (the trainer's dp2 x cp2 job is jit) run in both
+# launch stays short; the ring of 4 (hops through two-rank pairs, not the two-rank swap of cp2) and the
+# hybrid run in both; dp2 x cp2 (ring) runs PyNative here: under jit it is the trainer's
+# dp2_cp2_ring_hsdp_level3 job (tests/test_trainer_msrun.py: the same kernel with hsdp level3 on top,
+# losses = one process to 1e-5), so a plain dp2 x cp2 jit run here proved it twice
 CP4 = job("gpt_cp4", 4, "tests.bodies.gpt_cp_body:run",
           {"configs": {"ring_cp4": {"cp": 4},
                        "ulysses_cp4": {"cp": 4, "algo": "ulysses", "modes": ["pynative"]},
                        "hybrid_u2_r2": {"cp": 4, "algo": "hybrid", "ulysses": 2},
                        "cp2_tp2": {"cp": 2, "tp": 2, "modes": ["pynative"]},
-                       "dp2_cp2": {"dp": 2, "cp": 2}}},
+                       "dp2_cp2": {"dp": 2, "cp": 2, "modes": ["pynative"]}}},
           timeout=900, group=__name__)
 
 
