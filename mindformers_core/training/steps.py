@@ -73,27 +73,6 @@ def build_guard(cfg: Config) -> Optional[StepGuard]:
     return guard if guard.enabled else None
 
 
-_PRIMED = []
-
-
-def prime_pynative_runtime() -> None:
-    """Run one tiny compiled graph, once per process. Measured on CPU (MindSpore 2.10, issue 20, see
-    docs/pipeline.md "PyNative overhead at tp=1"): until a process has run an ``ms.jit`` graph, its
-    eager steps run in a slow state (the bench Llama: 2.1-2.6 s per step, ~1.6 s of it system time)
-    and after it at plain MindSpore's speed (1.2-1.5 s; ~0.6 s system time). It has to come after the
-    first eager step (run before it, the steps stayed slow: 3.1 s). Plain MindSpore gets there by itself:
-    ``nn.AdamWeightDecay.construct`` is a jit graph. No value of the model is touched."""
-    if _PRIMED:
-        return
-    import numpy as np
-
-    @ms.jit
-    def _tiny(x):
-        return x * 2.0 + 1.0
-    _tiny(ms.Tensor(np.ones((4,), np.float32))).asnumpy()
-    _PRIMED.append(True)
-
-
 def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltModel, total_steps: int,
                      inject_nan: bool = False) -> TrainStep:
     """``inject_nan`` (fault drills, ``training.faults``): the gradients pass through a factor the
@@ -179,9 +158,7 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
 
             def eager_step(ids, labels):
                 loss, grads = grad_fn(ids, labels)
-                out = loss, eager_update(grads)
-                prime_pynative_runtime()     # after the first step (before it, it does not help)
-                return out
+                return loss, eager_update(grads)
             return TrainStep(ms.jit(step) if shape.jit else eager_step, optimizer, lr, None, guard, poison)
         grads_of = ms.jit(grad_fn) if shape.jit else grad_fn
     update_fn = ms.jit(update) if shape.jit else eager_update
