@@ -31,9 +31,7 @@ the same with a ring of several members across the Ulysses groups.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 
 import numpy as np
 import mindspore as ms
@@ -375,14 +373,7 @@ def _backward_twin():
     Python function ("The pointer[func_graph->get_return()] is null", manager.cc MaybeDropFuncGraphs:
     the shared function's graph is dropped with one of them). The twin's functions are other objects
     with the same code, so nothing is shared."""
-    name = __name__ + "_backward_twin"
-    mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, __file__)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return mod
+    return _exchange.module_twin(__name__, __file__)
 
 
 class RingAttentionCore(CommCell):

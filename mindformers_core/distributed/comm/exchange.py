@@ -92,10 +92,17 @@ def backward_twin():
     with the same code, so nothing is shared."""
     if __name__.endswith("_backward_twin"):
         return sys.modules[__name__]
-    name = __name__ + "_backward_twin"
+    return module_twin(__name__, __file__)
+
+
+def module_twin(module_name: str, path: str):
+    """``<module_name>_backward_twin``: the module at ``path`` executed once more under that name (cached in
+    ``sys.modules``); see :func:`backward_twin` for why a Cell bprop needs one. Shared by every module whose
+    custom backwards need their own function objects (also ``sharding/context_parallel.py``)."""
+    name = module_name + "_backward_twin"
     mod = sys.modules.get(name)
     if mod is None:
-        spec = importlib.util.spec_from_file_location(name, __file__)
+        spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
