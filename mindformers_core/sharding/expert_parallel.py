@@ -111,12 +111,17 @@ class ExpertParallelExperts(CommCell):
             return self.routed_rows(x, weights, index)
         return self.padded(x, weights, index)
 
+    def flat_tokens(self, x):
+        """(tokens, hidden) in the experts' compute dtype: what both paths route."""
+        tokens = x.reshape(-1, x.shape[-1])
+        if self.compute_dtype is not None:
+            tokens = tokens.astype(self.compute_dtype)
+        return tokens
+
     def routed_rows(self, x, weights, index):
         """The variable-count path (PyNative): exactly the routed rows travel."""
         h, k = x.shape[-1], index.shape[-1]
-        tokens = x.reshape(-1, h)
-        if self.compute_dtype is not None:
-            tokens = tokens.astype(self.compute_dtype)
+        tokens = self.flat_tokens(x)
         n = tokens.shape[0]
         expert = index.asnumpy().reshape(-1).astype(np.int64)
         counts = gather_counts(self.group, np.bincount(expert, minlength=self.E))      # (P, E)
@@ -142,9 +147,7 @@ class ExpertParallelExperts(CommCell):
     def padded(self, x, weights, index):
         """The equal-chunk path: static shapes (jit; capacity factor)."""
         h, k = x.shape[-1], index.shape[-1]
-        tokens = x.reshape(-1, h)
-        if self.compute_dtype is not None:
-            tokens = tokens.astype(self.compute_dtype)
+        tokens = self.flat_tokens(x)
         n = tokens.shape[0]
         P, L, C = self.P, self.L, self.cap
         slot, source = dispatch_indices(index.reshape(-1), self.E, C, k)
