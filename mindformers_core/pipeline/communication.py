@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .compute_order import Timing, ideal_timeline, validate_compute_order
 from .costs import StepCosts
-from .meta_step import MetaStep, MetaStepType as T, produces_all
+from .meta_step import MetaStep, MetaStepType as T, Routes, produces_all, route_of
 
 __all__ = ["add_communication", "ideal_timeline"]
 
@@ -46,13 +46,14 @@ def _free_at(intervals: List[Tuple[float, float]], starts: List[float], t: float
 
 def add_communication(compute_order: Dict[int, List[MetaStep]], placement: Sequence[int],
                       stage_num: int, costs: StepCosts = StepCosts(), blocking_send: bool = True,
-                      micro_batch_num: Optional[int] = None) -> Dict[int, List[MetaStep]]:
+                      micro_batch_num: Optional[int] = None, routes: Routes = None) -> Dict[int, List[MetaStep]]:
     """The full exec order: ``compute_order`` plus sends, receives, handoffs (and, with
     ``blocking_send=False``, waits); see the module doc. ``micro_batch_num`` (optional) lets the
-    check name a microbatch that does not exist; ``costs`` time the order for the placement."""
+    check name a microbatch that does not exist; ``costs`` time the order for the placement.
+    ``routes`` (``meta_step.Routes``): data moves only between stages of a microbatch's route."""
     placement = tuple(placement)
-    validate_compute_order(compute_order, placement, stage_num, micro_batch_num)
-    timing = ideal_timeline(compute_order, stage_num, costs)
+    validate_compute_order(compute_order, placement, stage_num, micro_batch_num, routes)
+    timing = ideal_timeline(compute_order, stage_num, costs, routes=routes)
     index = {s: i for steps in compute_order.values() for i, s in enumerate(steps)}
     intervals = {r: [timing[s] for s in steps] for r, steps in compute_order.items()}
     starts = {r: [a for a, _ in iv] for r, iv in intervals.items()}
@@ -64,7 +65,7 @@ def add_communication(compute_order: Dict[int, List[MetaStep]], placement: Seque
     messages: Dict[int, List[Tuple[int, tuple, MetaStep]]] = {r: [] for r in compute_order}
     for (kind, m, s), producer in sorted(by_data.items(), key=lambda x: (timing[x[1]][1], x[0])):
         nxt = s + 1 if kind == "act" else s - 1
-        if not 0 <= nxt < stage_num:
+        if nxt not in route_of(m, stage_num, routes):
             continue
         if placement[nxt] == placement[s]:
             handoffs.setdefault(producer, []).append(

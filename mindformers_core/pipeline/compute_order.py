@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .costs import StepCosts
 from .errors import ScheduleError
-from .meta_step import Data, MetaStep, MetaStepType as T, consumes_all, produces_all
+from .meta_step import Data, MetaStep, MetaStepType as T, Routes, consumes_all, produces_all, route_of
 
 Timing = Dict[MetaStep, Tuple[float, float]]
 
@@ -46,10 +46,12 @@ def _producer_name(data: Data) -> str:
 
 
 def validate_compute_order(compute_order: Mapping[int, Sequence[MetaStep]], placement: Sequence[int],
-                           stage_num: int, micro_batch_num: Optional[int] = None) -> None:
+                           stage_num: int, micro_batch_num: Optional[int] = None, routes: Routes = None) -> None:
     """Raise ScheduleError naming (rank, step index, microbatch, stage) if ``compute_order`` is not
     a complete, feasible compute order (see the module doc). ``micro_batch_num=None`` takes the
-    microbatches named by the order (then a missing microbatch shows as missing steps)."""
+    microbatches named by the order (then a missing microbatch shows as missing steps).
+    ``routes`` (microbatch -> its stages, ``meta_step.Routes``): a microbatch runs only the stages
+    of its route (default: every stage)."""
     if not isinstance(compute_order, Mapping):
         raise ScheduleError("input", f"compute_order must be a dict rank -> list of MetaStep, "
                             f"got {type(compute_order).__name__}")
@@ -79,6 +81,11 @@ def validate_compute_order(compute_order: Mapping[int, Sequence[MetaStep]], plac
                 if placement[s] != rank:
                     raise ScheduleError("placement", f"{label}stage {s} lives on rank {placement[s]}, not on "
                                         f"rank {rank}", **_where(rank, i, step))
+                if routes is not None and s not in route_of(m, stage_num, routes):
+                    route = route_of(m, stage_num, routes)
+                    raise ScheduleError("placement", f"{label}microbatch {m} runs the route of stages "
+                                        f"{route[0]}..{route[-1]}, not stage {s}" if len(route) else
+                                        f"{label}microbatch {m} has no route", **_where(rank, i, step))
                 if part in seen:
                     r0, i0 = seen[part]
                     raise ScheduleError("unique", f"{label}{part!r} appears twice (first at rank {r0} step {i0})",
@@ -111,17 +118,18 @@ def validate_compute_order(compute_order: Mapping[int, Sequence[MetaStep]], plac
                 if t is T.FWD and full not in seen and inp not in seen:
                     raise ScheduleError("complete", f"{label}{part!r} has no backward ({full!r}, or {inp!r} and "
                                         f"{wgt!r}) on rank {placement[s]}", **_where(rank, i, step))
-    for s in range(stage_num):
-        for m in range(micro):
+    for m in range(micro):
+        for s in route_of(m, stage_num, routes):
             if MetaStep(m, T.FWD, s) not in seen:
                 raise ScheduleError("complete", f"missing F{m}@s{s} on rank {placement[s]} (microbatch {m}, stage "
-                                    f"{s}): every microbatch 0..{micro - 1} runs on every stage")
+                                    f"{s}): every microbatch 0..{micro - 1} runs on every stage"
+                                    + (" of its route" if routes is not None else ""))
 
     # within a rank: what the same rank produces must come first
     for rank, steps in compute_order.items():
         for i, step in enumerate(steps):
             for part in step.parts:
-                for need in consumes_all(part, stage_num):
+                for need in consumes_all(part, stage_num, routes):
                     producer = _producer_of(need, seen)
                     if producer is None:
                         continue
@@ -131,7 +139,7 @@ def validate_compute_order(compute_order: Mapping[int, Sequence[MetaStep]], plac
                             else f"at step {p_index}, later"
                         raise ScheduleError("order", f"{_what(step)}: {part!r} needs {producer!r}, which comes "
                                             f"{how} on rank {rank}", **_where(rank, i, step))
-    ideal_timeline(compute_order, stage_num)
+    ideal_timeline(compute_order, stage_num, routes=routes)
 
 
 def _producer_of(data: Data, seen) -> Optional[MetaStep]:
@@ -145,12 +153,13 @@ def _producer_of(data: Data, seen) -> Optional[MetaStep]:
 
 
 def ideal_timeline(compute_order: Mapping[int, Sequence[MetaStep]], stage_num: int,
-                   costs: StepCosts = StepCosts(), consumes=None) -> Timing:
+                   costs: StepCosts = StepCosts(), consumes=None, routes: Routes = None) -> Timing:
     """Start and end of every compute step when data moves instantly and nothing blocks. Raises
     ScheduleError (rule ``dataflow``) naming the chain of ranks waiting on each other when the
     order cannot finish even so. ``consumes(step) -> data`` replaces the one-chain data flow
-    (stage s after s-1 for every microbatch), e.g. for the two directions of DualPipe."""
-    needs_of = consumes if consumes is not None else (lambda step: consumes_all(step, stage_num))
+    (stage s after s-1 for every microbatch); ``routes`` (``meta_step.Routes``) gives each
+    microbatch its own chain of stages, e.g. the two directions of DualPipe."""
+    needs_of = consumes if consumes is not None else (lambda step: consumes_all(step, stage_num, routes))
     ready: Dict[Data, float] = {}
     timing: Timing = {}
     pos = {r: 0 for r in compute_order}
@@ -197,6 +206,7 @@ def ideal_timeline(compute_order: Mapping[int, Sequence[MetaStep]], stage_num: i
 
 
 def ideal_makespan(compute_order: Mapping[int, Sequence[MetaStep]], stage_num: int,
-                   costs: StepCosts = StepCosts()) -> float:
+                   costs: StepCosts = StepCosts(), routes: Routes = None) -> float:
     """The makespan of ``ideal_timeline``: the best any communication placement can reach."""
-    return max((end for _, end in ideal_timeline(compute_order, stage_num, costs).values()), default=0.0)
+    return max((end for _, end in ideal_timeline(compute_order, stage_num, costs, routes=routes).values()),
+               default=0.0)

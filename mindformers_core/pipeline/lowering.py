@@ -25,7 +25,7 @@ from .communication import add_communication
 from .compute_order import compute_only
 from .costs import StepCosts
 from .errors import DeadlockError
-from .meta_step import MetaStep, MetaStepType as T
+from .meta_step import MetaStep, MetaStepType as T, Routes
 from .validator import _resolve_placement, describe_exec_order, validate_schedule
 from ..common.placement import PlacementSpec
 
@@ -42,15 +42,17 @@ def needs_lowering(exec_order: Mapping[int, Sequence[MetaStep]]) -> bool:
 
 def lower_for_runtime(exec_order, stage_num: Optional[int] = None, micro_batch_num: Optional[int] = None,
                       placement: Optional[PlacementSpec] = None,
-                      costs: StepCosts = StepCosts()) -> Dict[int, List[MetaStep]]:
+                      costs: StepCosts = StepCosts(), routes: Routes = None) -> Dict[int, List[MetaStep]]:
     """The blocking, single-step form of ``exec_order`` (a schedule object, or a dict with its
     ``stage_num``, ``micro_batch_num`` and ``placement``, read off the steps when not given):
     units split into forward then backward; communication kept if it is deadlock-free under
-    blocking send/recv, else placed again with ``add_communication`` (timed with ``costs``)."""
+    blocking send/recv, else placed again with ``add_communication`` (timed with ``costs``).
+    ``routes``: the microbatches' routes (``meta_step.Routes``; a schedule's own ``routes``)."""
     if hasattr(exec_order, "exec_order"):
         schedule = exec_order
         exec_order = schedule.exec_order
         stage_num, micro_batch_num, placement = schedule.stage_num, schedule.micro_batch_num, schedule.placement
+        routes = getattr(schedule, "routes", None)
     if stage_num is None or micro_batch_num is None:
         found = describe_exec_order(exec_order)
         stage_num = stage_num if stage_num is not None else found[0]
@@ -61,11 +63,11 @@ def lower_for_runtime(exec_order, stage_num: Optional[int] = None, micro_batch_n
     if not has_wait:
         single = split_overlapped(exec_order)
         try:
-            validate_schedule(single, stage_num, micro_batch_num, rank_of, blocking_send=True)
+            validate_schedule(single, stage_num, micro_batch_num, rank_of, blocking_send=True, routes=routes)
             unchanged = all(len(single[r]) == len(exec_order[r]) for r in exec_order)
             return {r: list(exec_order[r]) for r in exec_order} if unchanged else single
         except DeadlockError:
             pass
     compute = split_overlapped(compute_only(exec_order))
     return add_communication(compute, rank_of, stage_num, costs, blocking_send=True,
-                             micro_batch_num=micro_batch_num)
+                             micro_batch_num=micro_batch_num, routes=routes)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 
 class MetaStepType(Enum):
@@ -197,9 +197,23 @@ def produces_all(step: MetaStep) -> Tuple[Data, ...]:
     return tuple(d for part in step.parts for d in (produces(part),) if d is not None)
 
 
-def consumes_all(step: MetaStep, stage_num: int) -> Tuple[Data, ...]:
+# routes: microbatch -> the stages it runs, a contiguous range (None: every microbatch runs every
+# stage 0..stage_num-1, one chain). DualPipe's two directions are two routes over 2p stage indices:
+# the first stage of a route takes the microbatch's input, its last computes the loss, and no data
+# crosses from one route's last stage to the next route's first.
+Routes = Optional[Mapping[int, range]]
+
+
+def route_of(micro_index: int, stage_num: int, routes: Routes = None) -> range:
+    """The stages microbatch ``micro_index`` runs (``range(stage_num)`` without routes)."""
+    if routes is None:
+        return range(stage_num)
+    return routes.get(micro_index, range(0))
+
+
+def consumes_all(step: MetaStep, stage_num: int, routes: Routes = None) -> Tuple[Data, ...]:
     """Every datum a compute step needs (both halves of a FWD_BWD)."""
-    return tuple(d for part in step.parts for d in consumes(part, stage_num))
+    return tuple(d for part in step.parts for d in consumes(part, stage_num, routes))
 
 
 def produces(step: MetaStep) -> Optional[Data]:
@@ -212,17 +226,20 @@ def produces(step: MetaStep) -> Optional[Data]:
     return None
 
 
-def consumes(step: MetaStep, stage_num: int) -> Tuple[Data, ...]:
+def consumes(step: MetaStep, stage_num: int, routes: Routes = None) -> Tuple[Data, ...]:
     """The data a compute step needs: the forward needs the previous stage's output; a backward
     needs its own forward and the next stage's input gradient; a weight gradient needs the input
-    gradient of the same stage (``BWD_INPUT``) done. A FWD_BWD needs what both halves need."""
+    gradient of the same stage (``BWD_INPUT``) done. A FWD_BWD needs what both halves need.
+    With ``routes`` the first and last stage are those of the microbatch's route."""
     m, s = step.micro_index, step.stage_index
     if step.type is MetaStepType.FWD_BWD:
-        return consumes_all(step, stage_num)
+        return consumes_all(step, stage_num, routes)
+    route = route_of(m, stage_num, routes)
+    first, last = (route[0], route[-1]) if len(route) else (0, stage_num - 1)
     if step.type is MetaStepType.FWD:
-        return (("act", m, s - 1),) if s > 0 else ()
+        return (("act", m, s - 1),) if s > first else ()
     if step.type in INPUT_GRAD_TYPES:
-        return (("act", m, s),) + ((("grad", m, s + 1),) if s < stage_num - 1 else ())
+        return (("act", m, s),) + ((("grad", m, s + 1),) if s < last else ())
     if step.type is MetaStepType.BWD_WEIGHT:
         return (("grad", m, s),)
     return ()

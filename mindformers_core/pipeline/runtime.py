@@ -61,7 +61,7 @@ from mindspore.ops.composite.base import _Grad
 from ..distributed import comm
 from ..distributed.env import get_env
 from ..common.rng import rng_restore, rng_snapshot
-from .meta_step import MetaStep, MetaStepType as T
+from .meta_step import MetaStep, MetaStepType as T, route_of
 from .microbatch import MicrobatchConfig
 
 _META_LEN = 10  # ndim + up to 8 dims + dtype code, sent once per stage boundary
@@ -237,6 +237,21 @@ class PipelineStage:
         # a stage before the last whose Cell returns (activation, loss term): the dtype of that term
         # (set by its first forward), see the class doc
         self.local_loss_dtype = None
+        # the last stage of a route that is not the last stage index (DualPipe's down copy), set by
+        # the schedule through mark_route_end
+        self.route_last = False
+
+    def mark_route_end(self, owner: str) -> None:
+        """This stage computes the loss of the microbatches whose route ends here (``owner``, the
+        schedule, names itself in the error): it needs ``loss_fn`` or ``loss_in_cell``."""
+        if self.loss_fn is None and not self.loss_in_cell:
+            raise ValueError(f"{owner}: stage {self.stage_index} is the last stage of a route and computes its "
+                             f"microbatches' loss, but it has no loss_fn; pass PipelineStage(..., loss_fn=<(output, label) -> scalar>) or "
+                             f"loss_in_cell=True for it")
+        if self._fns:
+            raise ValueError(f"{owner}: stage {self.stage_index} already ran as a stage inside a route; build a "
+                             "new PipelineStage for this schedule")
+        self.route_last = True
 
     def recomputes(self, mode: str) -> bool:
         """Whether this stage's backward runs its forward again in ``mode``: ``recompute=True``, or
@@ -271,7 +286,8 @@ class PipelineStage:
 
     @property
     def is_last(self) -> bool:
-        return self.stage_index == self.stage_num - 1
+        """Computes the loss: the last stage, or the last stage of a route (``mark_route_end``)."""
+        return self.stage_index == self.stage_num - 1 or self.route_last
 
     def objective(self, micro_batch_num: int) -> Callable:
         """Stage function: ``x -> output`` or, on the last stage, ``(x..., label) -> loss / m``."""
@@ -348,6 +364,31 @@ def _warn_if_jit_cannot_replay(order: Sequence[MetaStep]) -> None:
                       "(which replays the random state of each forward exactly).", RuntimeWarning, stacklevel=3)
 
 
+def _copy_weights(src: "PipelineStage", dst: "PipelineStage") -> None:
+    if len(src.params) != len(dst.params) or any(a.shape != b.shape for a, b in zip(src.params, dst.params)):
+        raise ValueError(f"pipeline: stage {dst.stage_index} is a copy of stage {src.stage_index} but its parameters "
+                         f"{[tuple(p.shape) for p in dst.params]} differ from {[tuple(p.shape) for p in src.params]}")
+    for a, b in zip(src.params, dst.params):
+        b.set_data(a.value().copy())
+
+
+def _all_reduce_flat(grads: Sequence[Tensor], ranks: Tuple[int, ...]) -> List[Tensor]:
+    """Sum ``grads`` over ``ranks`` in one all-reduce per dtype (flattened and concatenated)."""
+    from ..distributed.process_group import new_group
+    group = new_group(ranks)
+    out: List[Any] = [None] * len(grads)
+    for dtype in sorted({g.dtype for g in grads}, key=str):
+        idx = [i for i, g in enumerate(grads) if g.dtype == dtype]
+        flat = ops.cat([grads[i].reshape(-1) for i in idx])
+        flat = comm.all_reduce(flat, "sum", group)
+        k = 0
+        for i in idx:
+            n = int(np.prod(grads[i].shape)) if grads[i].shape else 1
+            out[i] = flat[k:k + n].reshape(grads[i].shape)
+            k += n
+    return out
+
+
 def _nbytes(x) -> int:
     if isinstance(x, (tuple, list)):
         return sum(_nbytes(v) for v in x)
@@ -412,6 +453,11 @@ class PipelineRuntime:
                 raise TypeError(f"PipelineRuntime: stage {st!r} is not a PipelineStage (a schedule built "
                                 "from StageInfo can be validated and simulated, not run)")
         self.schedule, self.mode, self.stages = schedule, mode, stages
+        # microbatch -> its stages (one chain through every stage unless the schedule has routes)
+        self.routes = getattr(schedule, "routes", None)
+        routes = self.routes.values() if self.routes is not None else [range(schedule.stage_num)]
+        self.first_stages = {r[0] for r in routes}
+        self.last_stages = {r[-1] for r in routes}
         if mode == "jit" and any(st.recomputes(mode) for st in stages.values()):
             _warn_if_jit_cannot_replay([st for st in schedule.local_order
                                         if stages[st.stage_index].recomputes(mode)])
@@ -439,6 +485,9 @@ class PipelineRuntime:
         # seconds a send/recv may block before the watchdog reports the stalled peer and ends
         # this process (a rank blocked inside a collective cannot be interrupted from Python)
         self.timeout = float(os.environ.get("MFC_PIPELINE_TIMEOUT", "900"))
+        if getattr(schedule, "copies", None) and not schedule.__dict__.get("_copies_synced"):
+            self.sync_copies()   # every copy of a model stage starts from the same weights
+            schedule.__dict__["_copies_synced"] = True
 
     def _rank_of(self, stage: int) -> int:
         return self.pp_ranks[self.schedule.placement[stage]]
@@ -494,7 +543,8 @@ class PipelineRuntime:
         stage's summed weight gradients are in ``stage.grads``."""
         m = self.schedule.micro_batch_num
         config = config or MicrobatchConfig()
-        has_first, has_last = 0 in self.stages, self.schedule.stage_num - 1 in self.stages
+        has_first = bool(self.first_stages & set(self.stages))
+        has_last = bool(self.last_stages & set(self.stages))
         return self.run_microbatches(
             config.split_inputs(inputs, m) if has_first and inputs is not None else inputs,
             config.split_labels(labels, m) if has_last and labels is not None else labels)
@@ -502,12 +552,14 @@ class PipelineRuntime:
     def run_microbatches(self, xs=None, ys=None):
         """``run`` on lists of ``micro_batch_num`` microbatches."""
         m = self.schedule.micro_batch_num
-        stage_num = self.schedule.stage_num
-        for name, data, needed in (("inputs", xs, 0 in self.stages), ("labels", ys, stage_num - 1 in self.stages)):
-            if needed and (data is None or len(data) != m):
-                raise ValueError(f"pipeline: this rank runs stage {0 if name == 'inputs' else stage_num - 1} "
+        for name, data, ends in (("inputs", xs, self.first_stages), ("labels", ys, self.last_stages)):
+            mine = sorted(ends & set(self.stages))
+            if mine and (data is None or len(data) != m):
+                raise ValueError(f"pipeline: this rank runs stage {mine[0]} "
                                  f"and needs {m} microbatches of {name}, got "
-                                 f"{'none' if data is None else len(data)}")
+                                 f"{'none' if data is None else len(data)}"
+                                 + (" (all of the step's microbatches: each route takes its own)"
+                                    if self.routes is not None else ""))
         acts: Dict[Tuple[int, int], Any] = {}
         grads: Dict[Tuple[int, int], Any] = {}
         saved: Dict[Tuple[int, int], Any] = {}
@@ -536,6 +588,7 @@ class PipelineRuntime:
             raise
         self._wait_for_transfers()
         loss = sum(losses[1:], losses[0]) if losses else None
+        self._sum_copies()
         loss = self._average_over_replicas(loss)
         if self.trace_file:
             self._write_trace(run_start, first)
@@ -572,7 +625,7 @@ class PipelineRuntime:
         mb, s, t = step.micro_index, step.stage_index, step.type
         stage = self.stages.get(s)
         if t is T.FWD:
-            x = xs[mb] if s == 0 else acts.pop((mb, s - 1))   # now held as this stage's saved input
+            x = xs[mb] if s == self._first(mb) else acts.pop((mb, s - 1))   # now held as this stage's saved input
             args = tuple(x) if isinstance(x, (tuple, list)) else (x,)  # first stage: several inputs
             nbytes = _nbytes(args)
             self.memory.save(s, nbytes)
@@ -616,12 +669,91 @@ class PipelineRuntime:
         # handoffs: producer and consumer share the tables on this rank
         return None
 
+    def _first(self, mb: int) -> int:
+        """The stage where microbatch ``mb`` enters (0 unless the schedule has routes)."""
+        return 0 if self.routes is None else route_of(mb, self.schedule.stage_num, self.routes)[0]
+
+    def _sum_copies(self) -> None:
+        """Schedules keeping several copies of a model stage (DualPipe: ``schedule.copies``, tuples of
+        stage indices holding the same weights): each copy's gradient becomes the sum over the copies,
+        so that the copies take the same update and stay equal. Copies on this rank are added here;
+        copies on other pipeline ranks by one all-reduce over the ranks holding them (a process group
+        of the distributed layer: DualPipe's mirror pair, within this data-parallel replica)."""
+        groups = self._copy_groups()
+        for local, _ in groups:
+            if len(local) > 1:
+                total = self._sum_local([self.stages[s].grads for s in local])
+                for s in local:
+                    self.stages[s].grads = total
+        by_ranks: Dict[Tuple[int, ...], List[List[int]]] = {}
+        for local, ranks in groups:
+            if len(ranks) > 1:
+                by_ranks.setdefault(ranks, []).append(local)
+        for ranks in sorted(by_ranks):   # same order on every member: copies in the schedule's order
+            locals_ = by_ranks[ranks]
+            reduced = _all_reduce_flat([g for local in locals_ for g in self.stages[local[0]].grads], ranks)
+            k = 0
+            for local in locals_:
+                n = len(self.stages[local[0]].grads)
+                for s in local:
+                    self.stages[s].grads = tuple(reduced[k:k + n])
+                k += n
+
+    def sync_copies(self) -> None:
+        """Give every copy of a model stage the weights of its first copy (``schedule.copies[k][0]``,
+        DualPipe's down copy): assigned on this rank, or summed over the ranks holding copies with
+        zeros from every rank but the first copy's (exact). Runs once per schedule, at the
+        runtime's construction; a checkpoint loaded into the first copies afterwards is copied by
+        calling it again."""
+        by_ranks: Dict[Tuple[int, ...], List[Tuple[int, List[int]]]] = {}
+        for copies in getattr(self.schedule, "copies", None) or ():
+            local = [s for s in copies if s in self.stages]
+            if not local:
+                continue
+            source = copies[0]
+            if source in self.stages:
+                for s in local:
+                    if s != source:
+                        _copy_weights(self.stages[source], self.stages[s])
+            ranks = tuple(sorted({self._rank_of(s) for s in copies}))
+            if len(ranks) > 1:
+                by_ranks.setdefault(ranks, []).append((source, local))
+        for ranks in sorted(by_ranks):
+            flat = []
+            for source, local in by_ranks[ranks]:
+                st = self.stages[local[0]]
+                flat += [p.value() if source in self.stages else ops.zeros(p.shape, p.dtype) for p in st.params]
+            reduced = _all_reduce_flat(flat, ranks)
+            k = 0
+            for source, local in by_ranks[ranks]:
+                n = len(self.stages[local[0]].params)
+                for s in local:
+                    if s != source:
+                        for p, v in zip(self.stages[s].params, reduced[k:k + n]):
+                            p.set_data(v.copy())
+                k += n
+
+    def _copy_groups(self) -> List[Tuple[List[int], Tuple[int, ...]]]:
+        """For each copied model stage this rank holds: (its local stage indices, the global ranks
+        holding a copy, sorted), in the schedule's order of ``copies``."""
+        out = []
+        for copies in getattr(self.schedule, "copies", None) or ():
+            local = [s for s in copies if s in self.stages]
+            if local:
+                ranks = tuple(sorted({self._rank_of(s) for s in copies}))
+                out.append((local, ranks))
+        return out
+
+    @staticmethod
+    def _sum_local(grad_lists):
+        return tuple(sum(gs[1:], gs[0]) for gs in zip(*grad_lists))
+
     def _average_over_replicas(self, loss):
         """Data parallel: mean of gradients (and of the loss) over each stage's replicas."""
         for st in self.stages.values():
             if st.dp_group is not None and st.dp_group.size > 1 and st.dp_reduced_by is None:
                 st.grads = tuple(comm.all_reduce(g, "avg", st.dp_group) for g in st.grads)
-        last = self.stages.get(self.schedule.stage_num - 1)
+        last = next((st for st in self.stages.values() if st.is_last), None)
         if last is None and loss is not None:   # stage-local losses only: their stage's replicas
             last = next(st for st in self.stages.values() if st.local_loss_dtype is not None)
         if loss is not None and last.dp_group is not None and last.dp_group.size > 1 \
@@ -650,13 +782,13 @@ class PipelineRuntime:
         try:
             if t is T.BWD:
                 input_grads, weight_grads = stage.compiled("backward", self.mode, m)(*args, sens)
-                if s > 0:   # stage 0's input gradient goes nowhere
+                if s != self._first(mb):   # the first stage's input gradient goes nowhere
                     grads[(mb, s)] = input_grads[0]
                 self._accumulate(stage, weight_grads)
                 done = stage.grads[-1] if stage.grads else input_grads[0]
             elif t is T.BWD_INPUT:
                 done = stage.compiled("input_grad", self.mode, m)(*args, sens)[0]
-                if s > 0:
+                if s != self._first(mb):
                     grads[(mb, s)] = done
             else:  # BWD_WEIGHT
                 self._accumulate(stage, stage.compiled("weight_grad", self.mode, m)(*args, sens))
@@ -680,7 +812,7 @@ class PipelineRuntime:
         args, _, nbytes = saved.pop((mb, s))
         sens = self._sens(step, stage, acts, grads)
         input_grads, weight_grads = stage.compiled("tape", self.mode, m).backward(args, sens)
-        if s > 0:   # stage 0's input gradient goes nowhere
+        if s != self._first(mb):   # the first stage's input gradient goes nowhere
             grads[(mb, s)] = input_grads[0]
         self._accumulate(stage, weight_grads)
         self.memory.free(s, nbytes)

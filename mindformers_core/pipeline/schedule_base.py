@@ -35,6 +35,10 @@ class PipelineScheduleBase:
     """
 
     blocking_send = True
+    # microbatch -> the stages it runs (``meta_step.Routes``); None: one chain, every microbatch
+    # through stages 0..stage_num-1. A subclass with several routes (DualPipe) overrides
+    # ``make_routes``; the validator, ``add_communication``, the lowering and the runtime follow them.
+    routes = None
 
     def __init__(self, stages: Sequence, micro_batch_num: int,
                  placement: PlacementSpec = "interleaved") -> None:
@@ -70,10 +74,15 @@ class PipelineScheduleBase:
                              f"{placement!r} (pp_size={self.pp_size}); ranks hold {wants}")
         self.rank = ranks.pop()
         self.micro_batch_num = micro_batch_num
+        self.routes = self.make_routes()
         self.exec_order: Dict[int, List[MetaStep]] = {}
         self.construct_exec_order()
         validate_schedule(self.exec_order, self.stage_num, self.micro_batch_num, self.placement,
-                          blocking_send=self.blocking_send)
+                          blocking_send=self.blocking_send, routes=self.routes)
+
+    def make_routes(self):
+        """The microbatches' routes (``meta_step.Routes``); None: one chain through every stage."""
+        return None
 
     def construct_exec_order(self) -> None:
         """Fill ``self.exec_order[rank]`` for every pipeline rank."""

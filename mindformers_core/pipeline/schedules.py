@@ -12,6 +12,8 @@ ScheduleZeroBubbleH1       1                   1F1B, split backward, r weight gr
 ScheduleZeroBubbleV        2, V shape          greedy: input grad > forward (memory-capped) > weight
 ScheduleDualPipeV          2, V shape          DualPipeV: forward of one chunk overlapped with the
                                                backward of the other (FWD_BWD units), see dualpipe
+ScheduleDualPipe           2, V shape, two     DualPipe (bidirectional): half the microbatches down a
+                           weight copies       copy of the model, half up a second copy, see dualpipe
 =========================  ==================  =====================================================
 
 (p: pipeline ranks, r: rank, m: microbatches, v: stages per rank.)
@@ -23,7 +25,8 @@ from typing import Dict, List, Sequence
 from .communication import add_communication
 from .compute_order import ideal_makespan
 from .costs import StepCosts
-from .dualpipe import dualpipev_compute_order
+from .compute_order import ideal_timeline
+from .dualpipe import _dual_check, dualpipe_compute_order, dualpipe_routes, dualpipev_compute_order
 from .errors import ScheduleError
 from .meta_step import MetaStep, MetaStepType as T
 from .replay import replay
@@ -229,6 +232,82 @@ class ScheduleDualPipeV(PipelineScheduleMulti):
 
     def construct_exec_order(self):
         _fill(self, self.compute_order())
+
+
+class ScheduleDualPipe(PipelineScheduleMulti):
+    """DeepSeek-V3's bidirectional DualPipe, run by the runtime. ``p`` ranks (even) train a model of
+    ``p`` stages held twice: stage index ``k < p`` is model stage ``k`` of the down copy (on rank
+    ``k``), stage index ``p + k`` model stage ``k`` of the up copy (on rank ``p-1-k``): ZBV's V
+    placement over ``2p`` stage indices, so rank ``r`` holds stages ``r`` and ``2p-1-r``.
+
+    Routes (``routes``, ``dualpipe.dualpipe_routes``): microbatches ``0..m/2-1`` (the first half of
+    the batch) enter at rank 0 and run the down copy ``0..p-1``, whose stage ``p-1`` (rank ``p-1``)
+    computes their loss; microbatches ``m/2..m-1`` (the second half) enter at rank ``p-1`` and run
+    the up copy ``p..2p-1``, whose stage ``2p-1`` (rank 0) computes theirs -- as DeepSeek's reference
+    (deepseek-ai/DualPipe ``examples/example_dualpipe.py``: rank 0 is given ``full_x.chunk(2)[0]`` and
+    the labels ``full_l.chunk(2)[1]``, rank p-1 ``full_x.chunk(2)[1]`` and ``full_l.chunk(2)[0]``).
+    Here every rank holding a route end is given the whole batch (``run(inputs, labels)``) and takes
+    its half. Each loss is divided by ``m``, so the losses returned on rank 0 and rank ``p-1`` add up
+    to the step's loss. No data moves from stage ``p-1`` to ``p``.
+
+    The copies (``copies``: ``(k, p + k)`` per model stage): the runtime gives the up copy the down
+    copy's weights when it is built (``PipelineRuntime.sync_copies``), and after every step sums the
+    gradients of the two copies of each model stage over the mirror pair of ranks ``{r, p-1-r}``
+    (one all-reduce, a process group of the distributed layer; locally in one process), so both copies
+    take the same update and stay equal. Two copies: twice the parameter memory (and optimizer
+    state) of DualPipeV, as the DeepSeek-V3 report says.
+
+    ``stages``: this rank's two ``PipelineStage`` (stages ``r`` and ``2p-1-r``; both route ends, stage
+    ``p-1`` and ``2p-1``, need ``loss_fn``), or all ``2p`` stages in one process, which then runs the
+    ``p`` ranks' steps merged in the order of their ideal timeline (the single-process reference).
+    ``exec_order`` holds ``FWD_BWD`` units; the runtime runs each as its forward, then its backward.
+    Needs even ``p`` and even ``micro_batch_num >= 2p``."""
+
+    def __init__(self, stages: Sequence, micro_batch_num: int) -> None:
+        stages = list(stages)
+        if not stages or not all(isinstance(getattr(st, "stage_num", None), int) for st in stages):
+            raise ValueError("ScheduleDualPipe: pass this rank's 2 stages (or all 2p stages in one process) as "
+                             "PipelineStage or StageInfo objects")
+        stage_num = stages[0].stage_num
+        if stage_num % 2:
+            raise ValueError(f"ScheduleDualPipe: stage_num={stage_num} must be 2 x pp_size (a down and an up copy "
+                             "of every model stage)")
+        p = stage_num // 2
+        if len(stages) == 2:
+            placement = "v"
+        elif len(stages) == stage_num:
+            placement = (0,) * stage_num     # one process: every rank's steps on it
+        else:
+            raise ValueError(f"ScheduleDualPipe: got {len(stages)} stage(s); a rank holds 2 (stage r of the down "
+                             f"copy and 2p-1-r of the up copy) or one process all {stage_num}")
+        try:
+            _dual_check(p, micro_batch_num)
+        except ScheduleError as exc:
+            raise ValueError(f"ScheduleDualPipe: {exc.detail}") from None
+        self.model_stage_num = p
+        super().__init__(stages, micro_batch_num, placement=placement)
+        self.copies = [(k, p + k) for k in range(p)]
+        for st in self.stages:
+            if st.stage_index in (p - 1, 2 * p - 1) and hasattr(st, "mark_route_end"):
+                st.mark_route_end("ScheduleDualPipe")
+
+    def make_routes(self):
+        return dualpipe_routes(self.model_stage_num, self.micro_batch_num)
+
+    def compute_order(self, overlap: bool = True) -> Dict[int, List[MetaStep]]:
+        """The compute steps per rank (``dualpipe.dualpipe_compute_order``); in one process, the
+        ``p`` ranks' steps merged by their start in the ideal timeline (same start: lower rank first)."""
+        order = dualpipe_compute_order(self.model_stage_num, self.micro_batch_num, overlap)
+        if self.pp_size > 1:
+            return order
+        timing = ideal_timeline(order, self.stage_num, routes=self.routes)
+        merged = sorted(((timing[st][0], r, i, st) for r, steps in order.items() for i, st in enumerate(steps)),
+                        key=lambda x: x[:3])
+        return {0: [st for *_, st in merged]}
+
+    def construct_exec_order(self):
+        self.exec_order.update(add_communication(self.compute_order(), self.placement, self.stage_num,
+                                                 micro_batch_num=self.micro_batch_num, routes=self.routes))
 
 
 # name -> (class, stages per rank, placement): what a config's ``pipeline_scheduler`` selects

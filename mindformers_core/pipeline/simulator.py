@@ -80,7 +80,7 @@ def simulate(exec_order, fwd_time: float = 1.0, bwd_time: float = 2.0,
         schedule = exec_order
         exec_order = schedule.exec_order
         validate_schedule(exec_order, schedule.stage_num, schedule.micro_batch_num, schedule.placement,
-                          blocking_send=blocking_send)
+                          blocking_send=blocking_send, routes=getattr(schedule, "routes", None))
     else:
         validate_schedule(exec_order, *describe_exec_order(exec_order), blocking_send=blocking_send)
     steps = replay(exec_order, costs.duration, blocking=blocking_send)

@@ -27,7 +27,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .compute_order import compute_only, ideal_timeline
 from .errors import ScheduleError
-from .meta_step import MetaStep, MetaStepType as T
+from .meta_step import MetaStep, MetaStepType as T, Routes, route_of
 from .replay import replay
 from ..common.placement import PlacementSpec, stage_placement
 
@@ -57,12 +57,14 @@ def _resolve_placement(placement: Optional[PlacementSpec], ranks: Sequence[int],
     return ranks_of
 
 
-def _expected_transfers(m: int, s: int, stage_num: int, rank_of: Sequence[int]) -> List[MetaStep]:
+def _expected_transfers(m: int, s: int, stage_num: int, rank_of: Sequence[int],
+                        routes: Routes = None) -> List[MetaStep]:
     """The steps that move microbatch m's data out of stage s (forward and backward)."""
     out = []
+    route = route_of(m, stage_num, routes)
     for nxt, send, recv, hand in ((s + 1, T.FWD_SEND, T.FWD_RECV, T.FWD_HANDOFF),
                                   (s - 1, T.BWD_SEND, T.BWD_RECV, T.BWD_HANDOFF)):
-        if 0 <= nxt < stage_num:
+        if nxt in route:
             if rank_of[nxt] == rank_of[s]:
                 out.append(MetaStep(m, hand, s))
             else:
@@ -71,21 +73,23 @@ def _expected_transfers(m: int, s: int, stage_num: int, rank_of: Sequence[int]) 
 
 
 def _requirements(step: MetaStep, stage_num: int, rank_of: Sequence[int],
-                  present: Dict[MetaStep, Tuple[int, int]]) -> List[Tuple[MetaStep, str]]:
+                  present: Dict[MetaStep, Tuple[int, int]], routes: Routes = None) -> List[Tuple[MetaStep, str]]:
     """What must come earlier on the same rank, with the reason (for the error message). For a
     FWD_BWD unit: what either half needs."""
     if step.type is T.FWD_BWD:
-        return [need for part in step.parts for need in _requirements(part, stage_num, rank_of, present)]
+        return [need for part in step.parts for need in _requirements(part, stage_num, rank_of, present, routes)]
     m, s, t = step.micro_index, step.stage_index, step.type
-    local_prev = s > 0 and rank_of[s - 1] == rank_of[s]
-    local_next = s < stage_num - 1 and rank_of[s + 1] == rank_of[s]
+    route = route_of(m, stage_num, routes)
+    first, last = (route[0], route[-1]) if len(route) else (0, stage_num - 1)
+    local_prev = s > first and rank_of[s - 1] == rank_of[s]
+    local_next = s < last and rank_of[s + 1] == rank_of[s]
     backward = MetaStep(m, T.BWD, s) if MetaStep(m, T.BWD, s) in present else MetaStep(m, T.BWD_INPUT, s)
 
     def arrived(recv: MetaStep) -> MetaStep:          # the data is usable after the wait, if any
         return recv.wait() if recv.wait() in present else recv
 
     if t is T.FWD:
-        if s == 0:
+        if s <= first:
             return []
         src = MetaStep(m, T.FWD_HANDOFF, s - 1) if local_prev else arrived(MetaStep(m, T.FWD_RECV, s))
         return [(src, "a forward needs its input from the previous stage first")]
@@ -93,7 +97,7 @@ def _requirements(step: MetaStep, stage_num: int, rank_of: Sequence[int],
         return [(MetaStep(m, T.FWD, s), "an activation is passed on only after its forward")]
     if t in (T.BWD, T.BWD_INPUT):
         needs = [(MetaStep(m, T.FWD, s), "a backward comes after its forward")]
-        if s < stage_num - 1:
+        if s < last:
             src = MetaStep(m, T.BWD_HANDOFF, s + 1) if local_next else arrived(MetaStep(m, T.BWD_RECV, s))
             needs.append((src, "a backward needs the output gradient from the next stage first"))
         return needs
@@ -108,7 +112,7 @@ def _requirements(step: MetaStep, stage_num: int, rank_of: Sequence[int],
 
 def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: int,
                       micro_batch_num: int, placement: Optional[PlacementSpec] = None,
-                      blocking_send: bool = True) -> None:
+                      blocking_send: bool = True, routes: Routes = None) -> None:
     """Raise ScheduleError (DeadlockError for a deadlock) if ``exec_order`` cannot run correctly.
 
     ``placement`` gives the rank of each stage: None for one stage per rank (stage s on rank s),
@@ -116,6 +120,9 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
     ``blocking_send``: the point-to-point model the deadlock check replays (``meta_step``
     explains both): True for blocking rendezvous (the CPU runtime), False for posted sends and
     receives completed by wait steps. An order valid with True is valid with False.
+    ``routes`` (microbatch -> the contiguous range of stages it runs, ``meta_step.Routes``; default
+    every stage): a microbatch runs only its route, enters at the route's first stage and ends
+    at its last, and no data crosses out of a route (DualPipe's two directions).
     """
     if not isinstance(exec_order, Mapping):
         raise ScheduleError("input", f"exec_order must be a dict rank -> list of MetaStep, "
@@ -149,6 +156,12 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
                 if rank_of[part.stage_index] != rank:
                     raise ScheduleError("placement", f"{what}stage {part.stage_index} lives on rank "
                                         f"{rank_of[part.stage_index]}, not on rank {rank}", **where)
+                route = route_of(part.micro_index, stage_num, routes)
+                if part.stage_index not in route:
+                    raise ScheduleError("placement", f"{what}microbatch {part.micro_index} runs the route of "
+                                        f"stages {route[0]}..{route[-1]}, not stage {part.stage_index}"
+                                        if len(route) else f"{what}microbatch {part.micro_index} has no route",
+                                        **where)
                 if part in present:
                     raise ScheduleError("unique", f"{what}appears twice (first at rank {present[part][0]} step "
                                         f"{present[part][1]})", **where)
@@ -158,6 +171,10 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
                 if not 0 <= nxt < stage_num:
                     raise ScheduleError("neighbour", f"{step.type.name} talks to stage {nxt}, which does "
                                         f"not exist (stages 0..{stage_num - 1})", **where)
+                if routes is not None and nxt not in route_of(step.micro_index, stage_num, routes):
+                    raise ScheduleError("neighbour", f"{step.type.name} talks to stage {nxt}, which is not on "
+                                        f"microbatch {step.micro_index}'s route (no data crosses between "
+                                        "routes)", **where)
                 same = rank_of[nxt] == rank
                 if step.type.is_handoff and not same:
                     raise ScheduleError("neighbour", f"stage {nxt} is on rank {rank_of[nxt]}: a "
@@ -176,9 +193,9 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
             raise ScheduleError("matching", f"no matching {step.peer()!r} on rank "
                                 f"{rank_of[step.peer().stage_index]}", rank=rank, index=i, step=step)
 
-    for s in range(stage_num):
-        rank = rank_of[s]
-        for m in range(micro_batch_num):
+    for m in range(micro_batch_num):
+        for s in route_of(m, stage_num, routes):
+            rank = rank_of[s]
             full, split = MetaStep(m, T.BWD, s), (MetaStep(m, T.BWD_INPUT, s), MetaStep(m, T.BWD_WEIGHT, s))
             if full in present and any(x in present for x in split):
                 other = next(x for x in split if x in present)
@@ -186,7 +203,7 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
                                     f"and a split one ({other!r}); use one or the other",
                                     rank=rank, index=present[full][1], step=exec_order[rank][present[full][1]])
             backward = [full] if full in present or not any(x in present for x in split) else list(split)
-            for need in [MetaStep(m, T.FWD, s)] + backward + _expected_transfers(m, s, stage_num, rank_of):
+            for need in [MetaStep(m, T.FWD, s)] + backward + _expected_transfers(m, s, stage_num, rank_of, routes):
                 if need not in present:
                     raise ScheduleError("complete", f"missing {need!r} on rank {rank_of[need.stage_index]}"
                                         f" (microbatch {m}, stage {s})")
@@ -194,7 +211,7 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
     for rank, steps in exec_order.items():
         seen = set()
         for i, step in enumerate(steps):
-            for need, why in _requirements(step, stage_num, rank_of, present):
+            for need, why in _requirements(step, stage_num, rank_of, present, routes):
                 if need not in seen:
                     inside = step.type is T.FWD_BWD and need in step.parts
                     raise ScheduleError("order", f"needs {need!r} earlier on rank {rank}: {why}"
@@ -203,7 +220,7 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
                                         rank=rank, index=i, step=step)
             seen.update(step.parts)
 
-    ideal_timeline(compute_only(exec_order), stage_num)
+    ideal_timeline(compute_only(exec_order), stage_num, routes=routes)
     replay(exec_order, duration=lambda step: 1.0, blocking=blocking_send)
 
 
