@@ -173,7 +173,8 @@ def test_docs_hold_the_generated_bubble_table():
 
 
 def test_yaml_refuses_dualpipe_naming_what_is_missing(tmp_path):
-    """``pipeline_scheduler: dualpipe`` is refused before anything starts, saying what the runtime lacks."""
+    """``pipeline_scheduler: dualpipe`` is refused before anything starts, saying what the trainer lacks (the
+    runtime executes it: ScheduleDualPipe)."""
     from mindformers_core.training.config import ConfigError
     from tests.test_trainer import build_assets, config_of
     tiny = build_assets(str(tmp_path / "assets"))
@@ -182,7 +183,7 @@ def test_yaml_refuses_dualpipe_naming_what_is_missing(tmp_path):
                    "--parallel.pipeline_config.pipeline_scheduler", "dualpipe"])
     text = str(e.value)
     assert "parallel.pipeline_config.pipeline_scheduler = 'dualpipe'" in text
-    assert "runtime does not execute it yet" in text and "use dualpipev" in text
+    assert "the trainer does not build it yet" in text and "ScheduleDualPipe" in text and "use dualpipev" in text
 
 
 if __name__ == "__main__":

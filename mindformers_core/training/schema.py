@@ -69,9 +69,12 @@ PIPELINE_SCHEDULERS = tuple(BUILTIN_SCHEDULES)  # the names the runtime can buil
 # values MindFormers users may ask for that are known but not runnable yet: the error says what is missing
 NOT_RUNNABLE = {
     "parallel.pipeline_config.pipeline_scheduler": {
-        "dualpipe": "the bidirectional DualPipe exists as a compute order (pipeline.dualpipe_compute_order: "
-                    "validated and simulated) but the runtime does not execute it yet (two weight copies per "
-                    "rank, data entering at both ends, the copies' gradients summed); use dualpipev (DualPipe "
+        "dualpipe": "the pipeline runtime executes the bidirectional DualPipe (pipeline.ScheduleDualPipe: "
+                    "routes per microbatch, two weight copies, the copies' gradients summed over the mirror "
+                    "pair; parity with one process under msrun pp2) but the trainer does not build it yet: its "
+                    "model builder cuts one chain of pipeline_stage x pipeline_interleave chunks, while DualPipe "
+                    "needs on rank r model stage r plus a second copy of model stage p-1-r (embedding and head "
+                    "copies included), and checkpoints that save one copy and fill both; use dualpipev (DualPipe "
                     "cut in half: one weight copy, the same overlapped units)"},
 }
 
