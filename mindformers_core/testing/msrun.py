@@ -97,7 +97,7 @@ def _wait(proc: subprocess.Popen, out_dir: str, deadline: float, nproc: int) -> 
     """Wait for msrun to exit, every rank's result, a worker's error, or the deadline. Returns
     "exited", "results" (all ranks wrote their result: msrun's own teardown, measured at ~7 s
     per launch, is not waited for), "error" (a worker reported an error; the peers got a few
-    seconds to report theirs) or "deadline"."""
+    seconds to report theirs, none once every rank has reported) or "deadline"."""
     error_seen = None
     expected = {f"rank_{r}.pkl" for r in range(nproc)}
     while time.monotonic() < deadline:
@@ -108,8 +108,9 @@ def _wait(proc: subprocess.Popen, out_dir: str, deadline: float, nproc: int) -> 
             return "results"
         if error_seen is None and any(n.endswith(".error") for n in names):
             error_seen = time.monotonic()
-        if error_seen is not None and time.monotonic() - error_seen > 3:
-            return "error"
+        reported = {n.rsplit(".", 1)[0] for n in names if n.endswith((".pkl", ".error"))}
+        if error_seen is not None and (len(reported) >= nproc or time.monotonic() - error_seen > 3):
+            return "error"      # every rank reported (a result or an error), or the peers' grace is over
         time.sleep(0.2)
     return "deadline"
 
