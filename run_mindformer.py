@@ -7,6 +7,10 @@ start it with ``bash scripts/msrun_launcher.sh "run_mindformer.py --config X.yam
 import os
 import sys
 
+if __name__ == "__main__":      # before MindSpore starts a thread: Ctrl-C through mindformers_core.training.signals
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

@@ -208,11 +208,16 @@ def test_leftovers_of_interrupted_saves_are_removed(tiny, tmp_path):
                                          "step_4"]
 
 
-def test_ctrl_c_exits_130_with_a_message(tiny, tmp_path):
+@pytest.mark.parametrize("mode", ["1", "0"], ids=["pynative", "jit"])
+def test_ctrl_c_exits_130_with_a_message(tiny, tmp_path, mode):
+    """SIGINT while the run steps. MindSpore installs a SIGINT handler of its own (SignalGuard: around every
+    graph launch, and for the life of the PyNative op-queue threads) that turns Ctrl-C into SIGTERM; the
+    trainer's command line must still end with 130 and the message in both modes."""
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.Popen([sys.executable, "run_mindformer.py", *args(tiny, out, "--runner_config.max_steps", 1000,
-                                                                          "--lr_schedule.total_steps", 1000)],
+                                                                          "--lr_schedule.total_steps", 1000,
+                                                                          "--mode", mode)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -226,6 +231,28 @@ def test_ctrl_c_exits_130_with_a_message(tiny, tmp_path):
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted (SIGINT)" in err
+
+
+def test_sigterm_from_another_process_still_ends_the_run_by_sigterm(tiny, tmp_path):
+    """The entry point blocks SIGTERM for its relay thread (training/signals.py); a SIGTERM from outside
+    still ends the process by SIGTERM (-15, as without the relay), after one line naming the sender."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "run_mindformer.py", *args(tiny, out, "--runner_config.max_steps", 1000,
+                                                                          "--lr_schedule.total_steps", 1000)],
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "loss.jsonl").exists() or not (out / "loss.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start stepping"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert f"terminated by SIGTERM from process {os.getpid()}" in err and "interrupted" not in err
 
 
 def test_checkpoint_library_refuses_nan_and_verifies_checksums(tmp_path):

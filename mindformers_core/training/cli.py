@@ -204,7 +204,13 @@ def print_plan(config, worker_num: int, out=None) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the job; returns the exit code (2 = invalid configuration, printed to stderr)."""
+    """Run the job; returns the exit code (2 = invalid configuration, printed to stderr).
+
+    As a program (``argv`` None, or an entry point that blocked SIGINT/SIGTERM before importing
+    MindSpore) Ctrl-C goes through ``signals.SignalRelay``: exit 130 and the message in PyNative and
+    jit alike, although MindSpore turns SIGINT into SIGTERM while a graph or its op queue runs."""
+    from .signals import SignalRelay, blocked_here
+    relay = SignalRelay(PROG).start() if argv is None or blocked_here() else None
     argv = list(sys.argv[1:] if argv is None else argv)
     args, overrides = parse(argv)
     from .config import ConfigError, read_yaml, validate
@@ -238,6 +244,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.heartbeat_timeout is None:
             args.heartbeat_timeout = float(runner.get("heartbeat_timeout", 600.0))
         if args.max_restarts and not os.environ.get("MFC_SUPERVISED"):
+            if relay is not None:       # the supervisor handles its signals itself; its child relays its own
+                relay.stop(unblock=True)
             return _supervised(argv, args, config, worker_num)
         if rank0:
             for line in config.report.summary(os.path.basename(path)):

@@ -189,7 +189,9 @@ class Trainer:
         """Train to ``total_steps``; returns this session's per-step records (as in loss.jsonl)."""
         cfg = self.cfg
         self.setup()
-        # MindSpore's runtime turns Ctrl-C into SIGTERM: have it raise KeyboardInterrupt (exit 130 in the cli)
+        # MindSpore's PyNative op-queue threads swap in a SIGINT handler that sends SIGTERM when they start
+        # (in setup); Python's handler back gives KeyboardInterrupt in PyNative when called as a library. A
+        # program (run_mindformer.py) goes through training.signals, which also covers jit graph launches.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         start = self.start_step = self.restore()
         # under the supervisor (--max_restarts, MAX_RESTARTS): a beat per step tells it who is alive
