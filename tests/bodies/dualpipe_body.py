@@ -85,3 +85,58 @@ def run(modes, steps=2, micro_batch_num=4):
                      "ref_params": {(i // 2, i % 2): v for i, v in enumerate(ref_params)},
                      "stages": [st.stage_index for st in stages]}
     return out
+
+
+def _global_data(step):
+    rng = np.random.default_rng(400 + step)
+    return (Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)),
+            Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)))
+
+
+def reference_global(steps):
+    net = nn.SequentialCell(_layers())
+    params = net.trainable_params()
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)
+    losses = []
+    for step in range(steps):
+        loss, grads = grad_fn(*_global_data(step))
+        losses.append(float(loss.asnumpy()))
+        _sgd(params, grads)
+    return losses, [p.asnumpy() for p in params]
+
+
+def run_with_dp(modes, steps=2, micro_batch_num=4):
+    """pp2 x dp2 on 4 ranks (parallel_state): each dp replica runs DualPipe on its half of a 16-row batch; the
+    copies' gradients are summed over the mirror pair of its own replica, then averaged over dp."""
+    from mindformers_core.distributed import parallel_state as ps
+    ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+    pp_group, dp_group = ps.get_pipeline_model_parallel_group(), ps.get_data_parallel_group()
+    r, p = ps.get_pipeline_model_parallel_rank(), 2
+    per_stage = LAYERS // p
+    out = {}
+    for mode in modes:
+        layers = _layers()
+        down = nn.SequentialCell(layers[r * per_stage:(r + 1) * per_stage])
+        up = nn.SequentialCell(_layers(seed=99 + get_env().rank)[:per_stage])
+        stages = [PipelineStage(down, r, 2 * p, pp_ranks=list(pp_group.ranks), dp_group=dp_group,
+                                loss_fn=loss_fn if r == p - 1 else None),
+                  PipelineStage(up, 2 * p - 1 - r, 2 * p, pp_ranks=list(pp_group.ranks), dp_group=dp_group,
+                                loss_fn=loss_fn if r == 0 else None)]
+        sched = pp.ScheduleDualPipe(stages, micro_batch_num)
+        lo, hi = dp_group.local_rank * BATCH, (dp_group.local_rank + 1) * BATCH
+        losses = []
+        for step in range(steps):
+            x, y = _global_data(step)
+            loss = sched.run(x[lo:hi], y[lo:hi], mode=mode)
+            losses.append(float(loss.asnumpy()))
+            for st in stages:
+                _sgd(st.params, st.grads)
+        params = {}
+        for copy, model_stage, st in (("down", r, stages[0]), ("up", p - 1 - r, stages[1])):
+            for k, prm in enumerate(st.params):
+                params[(copy, model_stage * per_stage + k // 2, k % 2)] = prm.asnumpy()
+        ref_losses, ref_params = reference_global(steps)
+        out[mode] = {"losses": losses, "ref_losses": ref_losses, "params": params, "pp": list(pp_group.ranks),
+                     "dp": list(dp_group.ranks), "ref_params": {(i // 2, i % 2): v for i, v in enumerate(ref_params)}}
+    ps.destroy_model_parallel()
+    return out
