@@ -67,21 +67,28 @@ def losses(out):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny, tmp_path_factory):
-    """Each job's uninterrupted losses, run once per module: the same command line on 2 fresh msrun
-    workers (``run_msrun``: no supervisor, and no wait for msrun's teardown, ~7 s, once both ranks are
-    done), with the CPU kernel threads the launcher's workers get (cores // 2, at least 1)."""
+    """Every job's uninterrupted losses, run once per module, all in one launch: the same command lines,
+    in turn, on 2 fresh msrun workers (``run_msrun``: no supervisor, no wait for msrun's teardown, ~7 s,
+    and one start-up for both jobs), with the CPU kernel threads the launcher's workers get (cores // 2,
+    at least 1)."""
     done = {}
 
     def get(name):
-        if name not in done:
-            out = tmp_path_factory.mktemp(f"ft_uninterrupted_{name}") / "out"
-            argv = [str(a) for a in args(tiny, out, *JOBS[name][0])]
+        if not done:
+            outs = {job: tmp_path_factory.mktemp(f"ft_uninterrupted_{job}") / "out" for job in sorted(JOBS)}
+            argvs = [[str(a) for a in args(tiny, outs[job], *JOBS[job][0])] for job in sorted(JOBS)]
             threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
-            assert run_msrun("run_mindformer:main", 2, {"argv": argv}, timeout=300,
-                             env={"MFC_CPU_THREADS": threads}) == [0, 0]
-            done[name] = out
+            assert run_msrun("tests.test_fault_tolerance_msrun:run_each", 2, {"argvs": argvs}, timeout=400,
+                             env={"MFC_CPU_THREADS": threads}) == [[0] * len(JOBS)] * 2
+            done.update(outs)
         return done[name]
     return get
+
+
+def run_each(argvs):
+    """msrun body: ``run_mindformer.main`` for each argv in turn, in the same worker process."""
+    import run_mindformer
+    return [run_mindformer.main(argv) for argv in argvs]
 
 
 # kills per job: dp2 with hsdp is killed twice (the second kill hits the restarted run: a restart from a
