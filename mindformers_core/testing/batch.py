@@ -29,17 +29,20 @@ def run_jobs(jobs: List[List[Any]]) -> Dict[str, Any]:
     and returns ``{name: result}`` plus ``"__seconds__": {name: wall seconds}``."""
     results: Dict[str, Any] = {}
     seconds: Dict[str, float] = {}
+    cpu: Dict[str, float] = {}
     for name, target, kwargs in jobs:
         module_name, func_name = target.split(":")
         func = getattr(importlib.import_module(module_name), func_name)
-        start = time.monotonic()
+        start, start_cpu = time.monotonic(), time.process_time()
         try:
             results[name] = func(**kwargs)
         except BaseException as e:
             raise RuntimeError(f"batched msrun job {name!r} ({target}) failed: {type(e).__name__}: {e}") from e
         seconds[name] = round(time.monotonic() - start, 2)
-        print(f"[batch] job {name} took {seconds[name]:.1f}s", flush=True)
+        cpu[name] = round(time.process_time() - start_cpu, 2)
+        print(f"[batch] job {name} took {seconds[name]:.1f}s (this process' CPU: {cpu[name]:.1f}s)", flush=True)
     results["__seconds__"] = seconds
+    results["__cpu__"] = cpu
     return results
 
 

@@ -15,10 +15,16 @@ from mindformers_core.testing.jit_guard import install_guard
 
 def main(argv):
     target, out_dir, kwargs = argv[1], argv[2], json.loads(argv[3])
+    import mindspore as ms
     threads = os.environ.get("MFC_CPU_THREADS")
     if threads:   # several workers share few cores: cap each one's kernel thread pool
-        import mindspore as ms
         ms.device_context.cpu.op_tuning.threads_num(int(threads))
+    if os.environ.get("MFC_PYNATIVE_SYNC", "1") != "0":
+        # PyNative dispatches ops through queue threads whose waits spin (AsyncRQueue::Wait, no sleep): with
+        # several workers on few cores the spinning takes the cores the other ranks need (perf, 4 ranks on 2
+        # cores: 48% of all CPU in AsyncRQueue::Wait). Synchronous dispatch runs the same kernels in the calling
+        # thread: ring cp4 PyNative steps 8.0 s + 6.6 s -> 1.3 s + 0.5 s. MFC_PYNATIVE_SYNC=0 keeps the queues.
+        ms.set_context(pynative_synchronize=True)
     from mindformers_core.distributed import init_distributed
     env = init_distributed()
 
