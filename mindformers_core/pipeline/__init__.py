@@ -17,8 +17,8 @@ from .planner import (LayerCost, LayerProfile, StagePlan, measure_layers, measur
                       plan_stages, report, stage_times_from_trace)
 from .replay import StepTiming
 from .schedule_base import PipelineScheduleBase, PipelineScheduleMulti, PipelineScheduleSingle
-from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleDualPipe, ScheduleDualPipeV, ScheduleGPipe, ScheduleInterleaved1F1B,
-                        ScheduleZeroBubbleH1, ScheduleZeroBubbleV, build_schedule)
+from .schedules import (BUILTIN_SCHEDULES, Schedule1F1B, ScheduleDualPipe, ScheduleDualPipeV, ScheduleGPipe,
+                        ScheduleInterleaved1F1B, ScheduleZeroBubbleH1, ScheduleZeroBubbleV, build_schedule)
 from .simulator import Timeline, simulate
 from .stage import StageInfo, stages_of_rank
 from .stage_split import split_model
@@ -36,6 +36,7 @@ __all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "Replicate
            "LayerCost", "LayerProfile", "StagePlan", "measure_layers", "measure_stage_times",
            "plan_stages", "report", "stage_times_from_trace",
            "load_trace", "render_svg", "save_svg", "save_trace", "timeline_from_trace", "trace_to_dict",
-           "ScheduleDualPipe", "ScheduleDualPipeV", "compute_only", "dualpipe_compute_order", "dualpipe_placement", "dualpipe_routes",
+           "ScheduleDualPipe", "ScheduleDualPipeV", "compute_only", "dualpipe_compute_order", "dualpipe_placement",
+           "dualpipe_routes",
            "simulate_dualpipe", "validate_dualpipe_order", "dualpipev_compute_order", "ideal_makespan", "ideal_timeline",
            "lower_for_runtime", "split_overlapped", "validate_compute_order"]

@@ -246,8 +246,8 @@ class PipelineStage:
         schedule, names itself in the error): it needs ``loss_fn`` or ``loss_in_cell``."""
         if self.loss_fn is None and not self.loss_in_cell:
             raise ValueError(f"{owner}: stage {self.stage_index} is the last stage of a route and computes its "
-                             f"microbatches' loss, but it has no loss_fn; pass PipelineStage(..., loss_fn=<(output, label) -> scalar>) or "
-                             f"loss_in_cell=True for it")
+                             "microbatches' loss, but it has no loss_fn; pass PipelineStage(..., "
+                             "loss_fn=<(output, label) -> scalar>) or loss_in_cell=True for it")
         if self._fns:
             raise ValueError(f"{owner}: stage {self.stage_index} already ran as a stage inside a route; build a "
                              "new PipelineStage for this schedule")

@@ -71,8 +71,9 @@ NOT_RUNNABLE = {
     "parallel.pipeline_config.pipeline_scheduler": {
         "dualpipe": "the pipeline runtime executes the bidirectional DualPipe (pipeline.ScheduleDualPipe: "
                     "routes per microbatch, two weight copies, the copies' gradients summed over the mirror "
-                    "pair; parity with one process under msrun pp2) but the trainer does not build it yet: its "
-                    "model builder cuts one chain of pipeline_stage x pipeline_interleave chunks, while DualPipe "
+                    "pair; parity with one process under msrun pp2 and pp2 x dp2) but the trainer does not "
+                    "build it yet: its model builder cuts one chain of pipeline_stage x pipeline_interleave "
+                    "chunks, while DualPipe "
                     "needs on rank r model stage r plus a second copy of model stage p-1-r (embedding and head "
                     "copies included), and checkpoints that save one copy and fill both; use dualpipev (DualPipe "
                     "cut in half: one weight copy, the same overlapped units)"},
