@@ -98,6 +98,9 @@ def test_dualpipe_routes_reach_validator_communication_and_runtime_checks():
         for s in sched.local_order:       # no transfer leaves a route
             if s.type.is_p2p:
                 assert s.neighbour_stage in sched.routes[s.micro_index]
+    # the exec order with its sends and receives replays under blocking send/recv (simulate follows the
+    # routes) in the makespan of the compute order with free communication
+    assert pp.simulate(sched, 1.0, 2.0).makespan == pp.simulate_dualpipe(p, m, 1.0, 2.0).makespan == 26.0
     order = {r: list(v) for r, v in sched.exec_order.items()}
     order[p - 1].append(pp.MetaStep(0, pp.MetaStepType.FWD_SEND, p - 1))
     with pytest.raises(pp.ScheduleError, match=r"talks to stage 4, which is not on microbatch 0's route"):
