@@ -73,6 +73,39 @@ def build_guard(cfg: Config) -> Optional[StepGuard]:
     return guard if guard.enabled else None
 
 
+_TINY_GRAPH = None
+
+
+def _tiny(x):
+    return x * 2 + 1
+
+
+def relax_actor_threads() -> None:
+    """Launch one tiny compiled graph (``x * 2 + 1`` on 4 floats, ~1 ms) so that MindSpore's actor threads
+    stop spinning when idle. The PyNative trainer calls it before its first step and after every step.
+
+    Why (MindSpore 2.10 on CPU, measured with bench/eager_state.py, docs/pipeline.md "The slow eager
+    state"): ``ActorMgr::Initialize`` (core/mindrt/src/actor/actormgr.cc) sets the actor thread pool's
+    spin count to ``kDefaultSpinCount`` = 300000 (``SetSpinCountMaxValue``): an idle ``ActorThread``
+    calls ``sched_yield`` up to 300000 times before it sleeps (``ActorWorker::RunWithSpin``,
+    core/mindrt/src/thread/actor_threadpool.cc). Only ``GraphScheduler::Run`` sets it back to 1
+    (``SetSpinCountMinValue``, after every graph launch); eager ops never do. So a process that has run
+    no graph spins between its eager ops, on 2 cores against the Python thread and the op queues: the
+    bench Llama's step took 2.2-2.5 s with 1.2-1.8 s of system time (ActorThread_0 0.55-0.89 s of it,
+    ~1M involuntary context switches per step), and 1.35-1.5 s with ActorThread_0 at 0.00-0.06 s of
+    system time after one such launch. Plain MindSpore launches a graph every step
+    (``nn.AdamWeightDecay.construct`` is ``@jit``). No model value is touched.
+
+    The graph launch also runs MindSpore's ``SignalGuard`` (its own SIGINT handler, which sends SIGTERM):
+    the command line takes SIGINT itself (training/signals.py), so Ctrl-C still exits 130 there; a
+    program that calls the trainer as a library gets MindSpore's handling of Ctrl-C (as under jit)."""
+    global _TINY_GRAPH
+    if _TINY_GRAPH is None:
+        _TINY_GRAPH = (ms.jit(_tiny), ms.Tensor([0.0, 1.0, 2.0, 3.0], ms.float32))
+    fn, x = _TINY_GRAPH
+    fn(x).asnumpy()
+
+
 def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltModel, total_steps: int,
                      inject_nan: bool = False) -> TrainStep:
     """``inject_nan`` (fault drills, ``training.faults``): the gradients pass through a factor the

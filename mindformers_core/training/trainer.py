@@ -39,7 +39,7 @@ from .predict import complete, generate
 from .preflight import callback, preflight
 from .shape import JobShape
 from .step_log import StepLog
-from .steps import build_train_step
+from .steps import build_train_step, relax_actor_threads
 from .topology import Topology
 
 
@@ -214,6 +214,9 @@ class Trainer:
         history, batches, last_saved = [], self.inputs.batches(), start
         applied = int(self.optimizer.global_step.asnumpy())   # optimizer steps taken (skipped steps excluded)
         limit, in_a_row = int(cfg.runner_config.get("max_consecutive_skipped_steps", 5)), 0
+        relax = not self.shape.jit
+        if relax:
+            relax_actor_threads()
         try:
             for step in range(start + 1, self.total_steps + 1):      # 1-based, as logged
                 self.faults.before_step(step)
@@ -224,6 +227,8 @@ class Trainer:
                 ids, labels = next(batches)
                 t1 = time.monotonic()
                 loss, norm = (float(x) for x in self.step_fn(Tensor(ids), Tensor(labels)))
+                if relax:
+                    relax_actor_threads()     # PyNative: no spinning actor threads (steps.relax_actor_threads)
                 t2 = time.monotonic()
                 if poisoned:
                     ms.ops.assign(self._poison, Tensor(1.0, ms.float32))
