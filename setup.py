@@ -8,7 +8,7 @@ setup(
                 "runnable on CPU with msrun",
     # the package and every subpackage (common/, models/, ...); research/, tests/, bench/ stay out
     packages=find_packages(include=["mindformers_core", "mindformers_core.*"]),
-    entry_points={"console_scripts": ["mindformers-run = mindformers_core.training.cli:main"]},
+    entry_points={"console_scripts": ["mindformers-run = mindformers_core.run:main"]},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "mindspore==2.10.0",

@@ -1,12 +1,22 @@
-"""``python -m mindformers_core.run --config X.yaml``: the trainer's command line from an installed
-package (the same as the repository's ``run_mindformer.py`` and the ``mindformers-run`` script)."""
+"""``python -m mindformers_core.run --config X.yaml`` and the ``mindformers-run`` script: the trainer's
+command line from an installed package (the same as the repository's ``run_mindformer.py``).
+
+``main`` blocks SIGINT and SIGTERM before anything imports MindSpore, so that every thread MindSpore
+starts inherits the mask and Ctrl-C reaches the trainer's relay (``training/signals.py``), not
+MindSpore's own handler. That is why the console script points here and not at ``training.cli.main``
+(whose module imports MindSpore)."""
 import signal
 import sys
 
-if __name__ == "__main__":      # before MindSpore starts a thread: Ctrl-C through training/signals.py
-    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
 
-from .training.cli import main  # noqa: E402  (after the mask)
+def main(argv=None):
+    """Program entry point: block the relayed signals, then run ``training.cli.main``. Meant for a
+    process's main thread before MindSpore is imported; a library caller should call
+    ``training.cli.main`` instead."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+    from .training.cli import main as cli_main
+    return cli_main(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

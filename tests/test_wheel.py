@@ -71,7 +71,7 @@ def test_the_wheel_holds_the_package_and_nothing_else(installed):
                 if f.endswith(".py"):
                     assert f"{rel}/{f}" in names, f"{rel}/{f} missing from the wheel"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "mindformers-run = mindformers_core.training.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "mindformers-run = mindformers_core.run:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_the_fresh_venv_imports_the_installed_copy(installed):
