@@ -303,6 +303,9 @@ def plain_worker(mode: str, steps: int, threads: int) -> None:
     from mindspore import Tensor
     if threads:
         ms.device_context.cpu.op_tuning.threads_num(threads)
+    # the trainer's eager dispatch setting (MFC_PYNATIVE_SYNC, default synchronous on CPU), so that the
+    # overhead ratio compares code, not settings; MFC_PYNATIVE_SYNC=0 gives both MindSpore's queue
+    ms.set_context(pynative_synchronize=os.environ.get("MFC_PYNATIVE_SYNC", "1") != "0")
     ms.set_seed(0)
     net, opt = plain_model()
     grad_fn = ms.value_and_grad(net, None, opt.parameters)

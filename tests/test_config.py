@@ -200,7 +200,7 @@ def test_wrong_types_enums_bounds_and_missing():
     assert errors_of({"model.model_config.vocab_size": None}) == [
         "model.model_config.vocab_size is missing: required (int)"]
     assert errors_of({"context": 5}) == [
-        "context = 5: must be a mapping with keys ['mode', 'device_target', 'cpu_threads']"]
+        "context = 5: must be a mapping with keys ['mode', 'device_target', 'cpu_threads', 'pynative_synchronize']"]
 
 
 def test_all_errors_collected_in_one_exception():

@@ -160,7 +160,7 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{f"context.{k}": ASCEND for k in (
         "device_target", "max_call_depth", "max_device_memory", "save_graphs", "save_graphs_path", "device_id", "jit_config.*",
         "memory_optimize_level", "mempool_block_size", "ascend_config.*", "runtime_num_threads",
-        "enable_graph_kernel", "graph_kernel_flags", "affinity_cpu_list", "deterministic", "pynative_synchronize",
+        "enable_graph_kernel", "graph_kernel_flags", "affinity_cpu_list", "deterministic",
         "enable_compile_cache", "compile_cache_path", "variable_memory_max_size", "max_swap_device_memory")},
     **{f"parallel.{k}": GRAPH_PARALLEL for k in (
         "parallel_mode", "gradients_mean", "enable_alltoall", "full_batch", "search_mode", "strategy_ckpt_save_file",

@@ -99,6 +99,9 @@ SCHEMA = Section({
         "cpu_threads": F("int|null", None, "Ours: MindSpore CPU kernel threads per worker "
                          "(device_context.cpu.op_tuning.threads_num); null = cores // workers on the host; "
                          "the MFC_CPU_THREADS environment variable wins.", min=1),
+        "pynative_synchronize": F("bool|null", None, "Eager (PyNative) ops run in the calling thread instead of "
+                                  "MindSpore's dispatch queue, whose spinning waits slow CPU runs; null = true on "
+                                  "CPU, false elsewhere; the MFC_PYNATIVE_SYNC environment variable (0/1) wins."),
     }, "MindSpore context (mindspore.set_context)."),
     "parallel_config": Section({
         "data_parallel": F("int", 1, "Data-parallel size (dp).", min=1),
