@@ -11,6 +11,12 @@ from mindformers_core.testing.jit_guard import install_guard  # noqa: E402
 
 _GUARD = install_guard()
 
+if os.environ.get("MFC_PYNATIVE_SYNC", "1") != "0":
+    # the one-process tests run eager ops as the trainer and the msrun workers do on CPU: in the calling
+    # thread, not through MindSpore's spinning dispatch queue (docs/config.md, docs/testing.md)
+    import mindspore as _ms
+    _ms.set_context(pynative_synchronize=True)
+
 
 def pytest_collection_modifyitems(session, config, items):
     """Batched msrun bodies launch only for the modules of the tests that will run."""
