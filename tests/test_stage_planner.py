@@ -185,4 +185,10 @@ def test_measured_tiny_gpt_plan(tmp_path, capsys):
     layer_ms = [round((f + b) * 1e3, 1) for f, b in zip(plan.meta["layer_fwd"], plan.meta["layer_bwd"])]
     print(f"\nlayer fwd+bwd (ms): {layer_ms}")
     print(text)
-    assert 0.2 < ratio < 5.0, text          # loose: CPU shared with other jobs
+    # how the time splits between the stages is what the plan decides from; it holds when the shared
+    # CPU slows a whole measurement (a full-suite run once measured every layer ~15x slower than the
+    # stages a second later: ratio 0.14, shares 0.60 predicted vs 0.58 measured)
+    predicted = [t / sum(plan.stage_times) for t in plan.stage_times]
+    shares = [m.time / sum(x.time for x in measured) for m in measured]
+    assert max(abs(p - q) for p, q in zip(predicted, shares)) < 0.25, (predicted, shares, text)
+    assert 0.05 < ratio < 20.0, text        # absolute times: loose, the CPU is shared with other jobs
