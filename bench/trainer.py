@@ -9,7 +9,9 @@ vocab 1024, global batch 8, AdamW, fp32. Configurations:
   (2 stages per rank, 4 microbatches);  ``dp2tp2``: 4 workers (``batch_size`` is rows per microbatch
   and data-parallel rank, as in MindFormers, so every row trains on the same 8 rows per step);
 * ``plain``: the same Llama written here in plain MindSpore (``nn.Dense``, ``nn.AdamWeightDecay``, no
-  mindformers_core) on one process: the overhead ratio of ``1proc`` against it.
+  mindformers_core) on one process: the overhead ratio of ``1proc`` against it;  ``plain_clip``: the
+  same with ``ops.clip_by_global_norm(grads, 1.0)`` before the update, the clipping the trainer does
+  by default (``runner_config.max_grad_norm: 1.0``), so that both sides do the same job.
 
 Per row: the largest relative difference of its losses to ``1proc``'s (same data: parity), the
 median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
@@ -21,7 +23,7 @@ transfer) and a breakdown per pipeline step is printed: forward and backward com
 outside it (optimizer update, loss sharing, data, logging). ``--no-trace`` leaves the runtime
 unrecorded. Writes bench/results/trainer.json (or ``--out``).
 
-    python bench/trainer.py [--configs 1proc dp2 tp2 pp2 pp2_zbv dp2tp2 plain] [--modes jit pynative]
+    python bench/trainer.py [--configs 1proc dp2 tp2 pp2 pp2_zbv dp2tp2 plain plain_clip] [--modes jit pynative]
                             [--steps 10] [--warmup 2] [--threads N] [--no-trace]
 
 The machine these figures come from has 2 cores: run subsets (``--configs pp2 --modes jit --steps 8``).
@@ -60,7 +62,9 @@ CONFIGS = {   # name -> (workers, flags)
                           "--parallel.pipeline_config.pipeline_scheduler", "zbv"]),
     "dp2tp2": (4, PAR + ["--parallel_config.data_parallel", 2, "--parallel_config.model_parallel", 2]),
     "plain": (1, None),
+    "plain_clip": (1, None),
 }
+PLAIN = ("plain", "plain_clip")   # the plain-MindSpore rows (no mindformers_core): without / with clipping
 DP = {"dp2": 2, "dp2tp2": 2}
 MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microbatch (MindFormers)
 
@@ -296,8 +300,10 @@ def plain_model():
     return net, opt
 
 
-def plain_worker(mode: str, steps: int, threads: int) -> None:
-    """Runs in a child process: prints one JSON line with the step times."""
+def plain_worker(mode: str, steps: int, threads: int, clip: bool = False) -> None:
+    """Runs in a child process: prints one JSON line with the step times. ``clip``: the gradients
+    pass through ``ops.clip_by_global_norm(grads, 1.0)`` first, the clipping the trainer's default
+    ``runner_config.max_grad_norm: 1.0`` does, so that the ``plain_clip`` row is the same job."""
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
@@ -312,6 +318,8 @@ def plain_worker(mode: str, steps: int, threads: int) -> None:
 
     def step(ids, labels):
         loss, grads = grad_fn(ids, labels)
+        if clip:
+            grads = ms.ops.clip_by_global_norm(grads, 1.0)
         opt(grads)
         return loss
     step = ms.jit(step) if mode == "jit" else step
@@ -327,9 +335,9 @@ def plain_worker(mode: str, steps: int, threads: int) -> None:
     print("PLAIN_RESULT " + json.dumps({"step_times": times, "params": n_params}), flush=True)
 
 
-def run_plain(mode, steps, threads, timeout=900):
+def run_plain(mode, steps, threads, timeout=900, clip=False):
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--plain-worker", mode, "--steps", str(steps),
-                             "--threads", str(threads or 0)], cwd=ROOT, stdout=subprocess.PIPE,
+                             "--threads", str(threads or 0)] + (["--plain-clip"] if clip else []), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     watch = RssWatch(proc.pid, "--plain-worker")
     output, _ = proc.communicate(timeout=timeout)
@@ -425,7 +433,7 @@ def print_table(rows):
     for r in rows:   # parity: the same global batch gives the same losses as one process
         if r.get("losses") and r["mode"] in ref and r["config"] != "1proc":
             r["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref[r["mode"]]))
-    plain = {r["mode"]: r["median_s"] for r in rows if r["config"] == "plain"}
+    plain = {(r["config"], r["mode"]): r["median_s"] for r in rows if r["config"] in PLAIN}
     head = (f"{'config':<9}{'mode':<9}{'ranks':>6}{'s/step':>8}{'vs 1proc':>9}{'tokens/s':>9}{'loss diff':>10}  "
             f"{'peak RSS MB per rank':<26}step times (s)")
     print(head)
@@ -439,8 +447,9 @@ def print_table(rows):
         print(f"{r['config']:<9}{r['mode']:<9}{r['workers']:>6}{r['median_s']:>8.3f}{ratio:>8.2f}x{r['tokens_per_s']:>9.0f}"
               f"{diff:>10}  {rss:<26}{steps}")
     for mode in base:
-        if mode in plain:
-            print(f"overhead {mode}: 1proc / plain MindSpore = {base[mode] / plain[mode]:.2f}x")
+        for name in PLAIN:
+            if (name, mode) in plain:
+                print(f"overhead {mode}: 1proc / {name} MindSpore = {base[mode] / plain[(name, mode)]:.2f}x")
     pp = [r for r in rows if r.get("breakdown_s")]
     if pp:
         print()
@@ -551,10 +560,11 @@ def print_summary(summary):
                   f"+ transfers {fmt(r.get('replay_p2p_bubble', []))}")
     for mode in sorted({r["mode"] for r in summary}):
         one = next((r for r in summary if r["config"] == "1proc" and r["mode"] == mode), None)
-        plain = next((r for r in summary if r["config"] == "plain" and r["mode"] == mode), None)
-        if one and plain:
-            print(f"overhead {mode}: 1proc / plain MindSpore = {one['median_s'] / plain['median_s']:.2f}x "
-                  f"(per run {one['min_s'] / plain['max_s']:.2f}-{one['max_s'] / plain['min_s']:.2f})")
+        for name in PLAIN:
+            plain = next((r for r in summary if r["config"] == name and r["mode"] == mode), None)
+            if one and plain:
+                print(f"overhead {mode}: 1proc / {name} MindSpore = {one['median_s'] / plain['median_s']:.2f}x "
+                      f"(per run {one['min_s'] / plain['max_s']:.2f}-{one['max_s'] / plain['min_s']:.2f})")
 
 
 def merge(paths, out):
@@ -594,9 +604,10 @@ def main():
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="summarise earlier runs' JSON files together (writes --out)")
     parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--plain-clip", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_worker:
-        plain_worker(args.plain_worker, args.steps, int(args.threads))
+        plain_worker(args.plain_worker, args.steps, int(args.threads), clip=args.plain_clip)
         return
     if args.merge:
         merge(args.merge, args.out)
@@ -614,7 +625,7 @@ def main():
                 start = time.time()
                 threads = 0 if args.threads in ("default", "auto") else int(args.threads)
                 if flags is None:     # plain: the same number the trainer's default gives one worker
-                    result = run_plain(mode, args.steps, threads or max(1, cores()))
+                    result = run_plain(mode, args.steps, threads or max(1, cores()), clip=name == "plain_clip")
                 else:
                     trace = name.startswith("pp") and not args.no_trace
                     result = run_job(name, mode, workers, flags, paths, args.steps, threads, trace,
