@@ -11,11 +11,11 @@ from mindformers_core.testing.jit_guard import install_guard  # noqa: E402
 
 _GUARD = install_guard()
 
-if os.environ.get("MFC_PYNATIVE_SYNC", "1") != "0":
-    # the one-process tests run eager ops as the trainer and the msrun workers do on CPU: in the calling
-    # thread, not through MindSpore's spinning dispatch queue (docs/config.md, docs/testing.md)
-    import mindspore as _ms
-    _ms.set_context(pynative_synchronize=True)
+# the one-process tests run eager ops as the trainer and the msrun workers do: on CPU in the calling thread,
+# not through MindSpore's spinning dispatch queue (MFC_PYNATIVE_SYNC=0 keeps it; docs/config.md, docs/testing.md)
+from mindformers_core.training.cli import pynative_sync  # noqa: E402
+
+pynative_sync({})
 
 
 def pytest_collection_modifyitems(session, config, items):

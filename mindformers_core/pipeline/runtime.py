@@ -680,13 +680,13 @@ class PipelineRuntime:
         copies on other pipeline ranks by one all-reduce over the ranks holding them (a process group
         of the distributed layer: DualPipe's mirror pair, within this data-parallel replica)."""
         groups = self._copy_groups()
-        for local, _ in groups:
+        for _, local, _ in groups:
             if len(local) > 1:
                 total = self._sum_local([self.stages[s].grads for s in local])
                 for s in local:
                     self.stages[s].grads = total
         by_ranks: Dict[Tuple[int, ...], List[List[int]]] = {}
-        for local, ranks in groups:
+        for _, local, ranks in groups:
             if len(ranks) > 1:
                 by_ranks.setdefault(ranks, []).append(local)
         for ranks in sorted(by_ranks):   # same order on every member: copies in the schedule's order
@@ -706,16 +706,11 @@ class PipelineRuntime:
         runtime's construction; a checkpoint loaded into the first copies afterwards is copied by
         calling it again."""
         by_ranks: Dict[Tuple[int, ...], List[Tuple[int, List[int]]]] = {}
-        for copies in getattr(self.schedule, "copies", None) or ():
-            local = [s for s in copies if s in self.stages]
-            if not local:
-                continue
-            source = copies[0]
+        for source, local, ranks in self._copy_groups():
             if source in self.stages:
                 for s in local:
                     if s != source:
                         _copy_weights(self.stages[source], self.stages[s])
-            ranks = tuple(sorted({self._rank_of(s) for s in copies}))
             if len(ranks) > 1:
                 by_ranks.setdefault(ranks, []).append((source, local))
         for ranks in sorted(by_ranks):
@@ -733,15 +728,15 @@ class PipelineRuntime:
                             p.set_data(v.copy())
                 k += n
 
-    def _copy_groups(self) -> List[Tuple[List[int], Tuple[int, ...]]]:
-        """For each copied model stage this rank holds: (its local stage indices, the global ranks
-        holding a copy, sorted), in the schedule's order of ``copies``."""
+    def _copy_groups(self) -> List[Tuple[int, List[int], Tuple[int, ...]]]:
+        """For each copied model stage this rank holds: (its first copy's stage index, its local stage
+        indices, the global ranks holding a copy, sorted), in the schedule's order of ``copies``."""
         out = []
         for copies in getattr(self.schedule, "copies", None) or ():
             local = [s for s in copies if s in self.stages]
             if local:
                 ranks = tuple(sorted({self._rank_of(s) for s in copies}))
-                out.append((local, ranks))
+                out.append((copies[0], local, ranks))
         return out
 
     @staticmethod

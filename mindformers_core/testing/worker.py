@@ -19,12 +19,11 @@ def main(argv):
     threads = os.environ.get("MFC_CPU_THREADS")
     if threads:   # several workers share few cores: cap each one's kernel thread pool
         ms.device_context.cpu.op_tuning.threads_num(int(threads))
-    if os.environ.get("MFC_PYNATIVE_SYNC", "1") != "0":
-        # PyNative dispatches ops through queue threads whose waits spin (AsyncRQueue::Wait, no sleep): with
-        # several workers on few cores the spinning takes the cores the other ranks need (perf, 4 ranks on 2
-        # cores: 48% of all CPU in AsyncRQueue::Wait). Synchronous dispatch runs the same kernels in the calling
-        # thread: ring cp4 PyNative steps 8.0 s + 6.6 s -> 1.3 s + 0.5 s. MFC_PYNATIVE_SYNC=0 keeps the queues.
-        ms.set_context(pynative_synchronize=True)
+    # eager ops as the trainer runs them (synchronous on CPU unless MFC_PYNATIVE_SYNC=0): the dispatch queue's
+    # spinning waits took the cores the other ranks need (perf, 4 ranks on 2 cores: 48% of all CPU; ring cp4
+    # PyNative steps 8.0 s + 6.6 s -> 1.3 s + 0.5 s); see training.cli.pynative_sync_setting
+    from mindformers_core.training.cli import pynative_sync
+    pynative_sync({})
     from mindformers_core.distributed import init_distributed
     env = init_distributed()
 

@@ -3,11 +3,12 @@ twice (DualPipe's down and up copies), trained for a few SGD steps with Schedule
 model trained on the whole batch in one process (tests/test_pipeline_dualpipe_msrun.py compares)."""
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 from mindformers_core import pipeline as pp
 from mindformers_core.distributed import get_env
 from mindformers_core.pipeline.runtime import PipelineStage
+from tests.bodies.pipeline_body import _sgd, loss_fn
 
 LAYERS, WIDTH, BATCH = 4, 8, 8
 
@@ -23,31 +24,39 @@ def _layers(seed=0, scale=0.5):
     return out
 
 
-def loss_fn(out, label):
-    return ((out - label) ** 2).mean()
-
-
 def _data(step):
     rng = np.random.default_rng(300 + step)
     return (Tensor(rng.standard_normal((BATCH, WIDTH)).astype(np.float32)),
             Tensor(rng.standard_normal((BATCH, WIDTH)).astype(np.float32)))
 
 
-def _sgd(params, grads, lr=0.1):
-    for p, g in zip(params, grads):
-        ops.assign(p, p - lr * g)
-
-
-def reference(steps):
+def reference(steps, data=_data):
+    """The whole model trained on ``data(step)`` in this process: (losses, weights)."""
     net = nn.SequentialCell(_layers())
     params = net.trainable_params()
     grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)
     losses = []
     for step in range(steps):
-        loss, grads = grad_fn(*_data(step))
+        loss, grads = grad_fn(*data(step))
         losses.append(float(loss.asnumpy()))
         _sgd(params, grads)
     return losses, [p.asnumpy() for p in params]
+
+
+def _copies(stages, r, p, per_stage):
+    """This rank's weights per (copy, model layer, weight|bias): its down copy of model stage r and its up
+    copy of model stage p-1-r."""
+    params = {}
+    for copy, model_stage, st in (("down", r, stages[0]), ("up", p - 1 - r, stages[1])):
+        for k, prm in enumerate(st.params):
+            params[(copy, model_stage * per_stage + k // 2, k % 2)] = prm.asnumpy()
+    return params
+
+
+def _result(losses, params, steps, data):
+    ref_losses, ref_params = reference(steps, data)
+    return {"losses": losses, "ref_losses": ref_losses, "params": params,
+            "ref_params": {(i // 2, i % 2): v for i, v in enumerate(ref_params)}}
 
 
 def run(modes, steps=2, micro_batch_num=4):
@@ -76,14 +85,8 @@ def run(modes, steps=2, micro_batch_num=4):
             losses.append(None if loss is None else float(loss.asnumpy()))
             for st in stages:
                 _sgd(st.params, st.grads)
-        params = {}
-        for copy, model_stage, st in (("down", r, stages[0]), ("up", up_model_stage, stages[1])):
-            for k, prm in enumerate(st.params):
-                params[(copy, model_stage * per_stage + k // 2, k % 2)] = prm.asnumpy()
-        ref_losses, ref_params = reference(steps)
-        out[mode] = {"losses": losses, "ref_losses": ref_losses, "params": params,
-                     "ref_params": {(i // 2, i % 2): v for i, v in enumerate(ref_params)},
-                     "stages": [st.stage_index for st in stages]}
+        out[mode] = dict(_result(losses, _copies(stages, r, p, per_stage), steps, _data),
+                         stages=[st.stage_index for st in stages])
     return out
 
 
@@ -91,18 +94,6 @@ def _global_data(step):
     rng = np.random.default_rng(400 + step)
     return (Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)),
             Tensor(rng.standard_normal((2 * BATCH, WIDTH)).astype(np.float32)))
-
-
-def reference_global(steps):
-    net = nn.SequentialCell(_layers())
-    params = net.trainable_params()
-    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)
-    losses = []
-    for step in range(steps):
-        loss, grads = grad_fn(*_global_data(step))
-        losses.append(float(loss.asnumpy()))
-        _sgd(params, grads)
-    return losses, [p.asnumpy() for p in params]
 
 
 def run_with_dp(modes, steps=2, micro_batch_num=4):
@@ -131,12 +122,7 @@ def run_with_dp(modes, steps=2, micro_batch_num=4):
             losses.append(float(loss.asnumpy()))
             for st in stages:
                 _sgd(st.params, st.grads)
-        params = {}
-        for copy, model_stage, st in (("down", r, stages[0]), ("up", p - 1 - r, stages[1])):
-            for k, prm in enumerate(st.params):
-                params[(copy, model_stage * per_stage + k // 2, k % 2)] = prm.asnumpy()
-        ref_losses, ref_params = reference_global(steps)
-        out[mode] = {"losses": losses, "ref_losses": ref_losses, "params": params, "pp": list(pp_group.ranks),
-                     "dp": list(dp_group.ranks), "ref_params": {(i // 2, i % 2): v for i, v in enumerate(ref_params)}}
+        out[mode] = dict(_result(losses, _copies(stages, r, p, per_stage), steps, _global_data),
+                         pp=list(pp_group.ranks), dp=list(dp_group.ranks))
     ps.destroy_model_parallel()
     return out
