@@ -153,6 +153,29 @@ def test_accumulation_and_recompute_keep_the_losses(tiny, uninterrupted, tmp_pat
         assert abs(g["grad_norm"] - w["grad_norm"]) <= 1e-4 * abs(w["grad_norm"]), (got, want)
 
 
+@pytest.mark.parametrize("mode", [1, 0], ids=["pynative", "jit"])
+def test_log_grad_norm_false_skips_the_norm_only_when_nothing_needs_it(tiny, tmp_path, mode):
+    """No clipping, no guard, log_grad_norm false: the step computes no norm (null in loss.jsonl), the
+    losses are those of the same run with the norm logged; clipping or the guard still get their norm."""
+    from mindformers_core.training.steps import build_guard, clip_limit, norm_needed
+    plain = ["--mode", mode, "--runner_config.max_steps", 2, "--runner_config.max_grad_norm", 0,
+             "--runner_config.use_skip_step_on_nan", "False", "--callbacks", "[]"]
+    logged, skipped = tmp_path / "logged", tmp_path / "skipped"
+    assert run_mindformer.main(args(tiny, logged, *plain)) == 0
+    assert run_mindformer.main(args(tiny, skipped, *plain, "--runner_config.log_grad_norm", "False")) == 0
+    want, got = records(logged), records(skipped)
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2]
+    assert all(r["grad_norm"] is None for r in got) and all(r["grad_norm"] > 0 for r in want)
+    for g, w in zip(got, want):
+        assert abs(g["loss"] - w["loss"]) <= 1e-6 * abs(w["loss"]), (got, want)
+    for extra, needed in [((), False), (("--runner_config.max_grad_norm", 1.0), True),
+                          (("--runner_config.use_skip_step_on_nan", "True"), True),
+                          (("--runner_config.global_norm_skip_threshold", 10.0), True)]:
+        cfg = config_of(args(tiny, tmp_path / "cfg", *plain, "--runner_config.log_grad_norm", "False", *extra))
+        limit = clip_limit(float(cfg.runner_config.max_grad_norm))
+        assert norm_needed(cfg, limit, build_guard(cfg)) is needed, extra
+
+
 def test_mindrecord_data_gives_the_text_runs_losses(tiny, uninterrupted, tmp_path, capsys):
     """scripts/preprocess_mindrecord.py writes the packed windows; read back through MindDataset they
     come in the same order as the text pipeline's, so the losses are the text run's; a file written

@@ -253,6 +253,10 @@ SCHEMA = Section({
         "epochs": F("int", 1, "Passes over the dataset.", min=1),
         "max_steps": F("int", -1, "Stop after this many optimizer steps (-1 = the epochs decide)."),
         "max_grad_norm": F("float", 1.0, "Global-norm gradient clipping (correct under dp/tp); 0 = off."),
+        "log_grad_norm": F("bool", True, "Compute and log the global gradient norm every step. false: skip it "
+                                         "when nothing else needs it (max_grad_norm 0, use_skip_step_on_nan off, "
+                                         "no global_norm_skip_threshold, no hsdp): one reduction over every "
+                                         "gradient less per step, grad_norm null in loss.jsonl."),
         "batch_size": F("int", 1, "Samples per data-parallel rank per step.", min=1),
         "sink_mode": F("bool", False, "Data sinking (Ascend); ignored on CPU."),
         "sink_size": F("int", 1, "Steps per sink when sink_mode is on.", min=1),

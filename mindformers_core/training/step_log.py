@@ -13,8 +13,8 @@ import os
 from typing import Any, Callable, Dict, Optional
 
 
-def json_number(value: float) -> Optional[float]:
-    return value if math.isfinite(value) else None
+def json_number(value: Optional[float]) -> Optional[float]:
+    return value if value is not None and math.isfinite(value) else None
 
 
 class StepLog:
@@ -34,7 +34,7 @@ class StepLog:
                 f.writelines(kept)
             os.replace(self.path + ".tmp", self.path)
 
-    def step(self, step: int, loss: float, norm: float, lr: float, t0: float, t1: float, t2: float,
+    def step(self, step: int, loss: float, norm: Optional[float], lr: float, t0: float, t1: float, t2: float,
              skipped: Optional[str] = None) -> Dict[str, Any]:
         """The record of 1-based ``step`` (data wait t0..t1, compute t1..t2); prints its line.
         ``skipped``: why the update was skipped (None: it was applied)."""
@@ -51,7 +51,7 @@ class StepLog:
             record.update(fields)
             more = f"  {more}"
         if step % self.print_every == 0 or step == self.total_steps or skipped or not math.isfinite(loss):
-            self.log(f"step {step:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  grad_norm {norm:.3f}  "
+            self.log(f"step {step:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  grad_norm {'-' if norm is None else f'{norm:.3f}'}  "
                      f"{self.tokens_per_step / (t2 - t1):,.0f} tok/s  ETA {eta:.0f}s" + more
                      + (f"  skipped ({skipped})" if skipped else ""))
         return record

@@ -226,7 +226,8 @@ class Trainer:
                 t0 = time.monotonic()
                 ids, labels = next(batches)
                 t1 = time.monotonic()
-                loss, norm = (float(x) for x in self.step_fn(Tensor(ids), Tensor(labels)))
+                loss, norm = self.step_fn(Tensor(ids), Tensor(labels))
+                loss, norm = float(loss), None if norm is None else float(norm)   # None: log_grad_norm off
                 if relax:
                     relax_actor_threads()     # PyNative: no spinning actor threads (steps.relax_actor_threads)
                 t2 = time.monotonic()
@@ -251,7 +252,7 @@ class Trainer:
                                         f"runner_config.max_consecutive_skipped_steps = {limit}); the weights are "
                                         f"those of step {step - in_a_row}. Lower the learning rate or check the data, "
                                         "then resume from the last checkpoint")
-                if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):
+                if not skipped and not (math.isfinite(loss) and (norm is None or math.isfinite(norm))):
                     beat(step, "stopped")
                     raise TrainingError(f"step {step}: loss {loss}, gradient norm {norm}, and runner_config."
                                         "use_skip_step_on_nan is off, so the update was applied and nothing after "
