@@ -117,3 +117,39 @@ def test_routed_round_trip_all_rows_on_one_expert():
 def test_routed_plan_checks_its_row():
     with pytest.raises(ValueError, match="is not this rank's per-expert count"):
         routed_plan(np.array([0, 1]), 1, np.array([[1, 0], [0, 0]]), 0, 1)
+
+
+# ---- the graph-mode variable path's index logic (sharding/expert_parallel.py: routed_graph) ------------------
+@pytest.mark.parametrize("experts, ids", [
+    (4, [2, 0, 2, 3, 0, 2, 1, 2]),            # uneven, token order within an expert
+    (4, [3, 3, 3, 3]),                         # every row on one expert, the others empty
+    (8, [5, 1, 7, 0, 0, 6, 1, 2, 3, 4]),
+])
+def test_sort_rows_by_expert_is_the_stable_sort(experts, ids):
+    """Integer permutation (no float sort keys) = NumPy's stable argsort by expert; slot inverts order."""
+    from mindspore import Tensor
+    from mindformers_core.sharding.expert_parallel import sort_rows_by_expert
+    e = np.array(ids, np.int32)
+    slot, order, counts = sort_rows_by_expert(Tensor(e), experts)
+    want = np.argsort(e, kind="stable")
+    np.testing.assert_array_equal(order.asnumpy(), want)
+    np.testing.assert_array_equal(slot.asnumpy()[want], np.arange(e.size))
+    np.testing.assert_array_equal(counts.asnumpy(), np.bincount(e, minlength=experts))
+
+
+@pytest.mark.parametrize("matrix", [
+    [[1, 0, 2, 3], [0, 0, 6, 0]],             # an empty expert per source, everything on one expert
+    [[2, 2, 2, 2], [8, 0, 0, 0]],
+    [[0, 3, 0], [1, 1, 1], [3, 0, 0]],
+])
+def test_expert_of_sorted_rows_from_the_count_matrix(matrix):
+    """Every place of the all-gathered (P, R) send buffers maps to the expert whose rows fill it: the same as
+    repeating each expert id by its count, per source."""
+    from mindspore import Tensor
+    from mindformers_core.sharding.expert_parallel import expert_of_sorted_rows
+    m = np.array(matrix, np.int32)
+    rows = int(m.sum(1).max())
+    assert all(int(r.sum()) == rows for r in m)          # every source sends all its R rows
+    got = expert_of_sorted_rows(Tensor(m), rows).asnumpy()
+    want = np.concatenate([np.repeat(np.arange(m.shape[1]), r) for r in m])
+    np.testing.assert_array_equal(got, want)

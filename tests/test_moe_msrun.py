@@ -19,8 +19,12 @@ from tests.test_gpt_tp_msrun import _check, _merge
 pytestmark = pytest.mark.msrun
 BATCH_TOKENS = BATCH * SEQ
 EP2 = job("moe_ep2", 2, "tests.bodies.moe_body:run",
-          {"configs": {"ep2": {"dp": 2, "ep": 2}, "ep2_sigmoid_groups": {"dp": 2, "ep": 2, "group": True,
-                                                                      "modes": ["jit"]}}},
+          # ep2: PyNative's variable-count exchange and jit's graph-mode one; the routing variant on jit's padded
+          # path (jit_variable False); expert 3 never chosen (rank 1's second expert computes only its sentinel)
+          {"configs": {"ep2": {"dp": 2, "ep": 2},
+                       "ep2_sigmoid_groups": {"dp": 2, "ep": 2, "group": True, "modes": ["jit"],
+                                              "jit_variable": False},
+                       "ep2_dead_expert": {"dp": 2, "ep": 2, "dead_expert": 3, "modes": ["jit"]}}},
           timeout=600, group=__name__)
 # the variable-count all-to-all alone: uneven counts, a zero-count chunk, a rank that receives nothing
 A2AV_CASES = [[[2, 3], [0, 1]], [[0, 4], [0, 2]]]
@@ -82,18 +86,25 @@ def single_process():
     return reference()
 
 
-def _uneven_variable_path(results, name, ep, dp):
-    """PyNative ran the variable-count exchange (the kernel kept its count matrix; jit ran the padded one) and
-    the routing really was uneven: per expert and per destination rank (so padded chunks would have padding)."""
+def _uneven_variable_path(results, name, ep, dp, modes=("pynative", "jit")):
+    """Both modes ran a variable-count exchange: PyNative's kernel kept the count matrix it read on the host,
+    jit's the one its graph exchanged (graph-mode path); the last step routed the same rows in both (the same
+    model, data and seed); and the routing really was uneven: per expert and per destination rank (so padded
+    chunks would have padding)."""
     for rank, per_rank in enumerate(results):
-        counts = per_rank[f"{name}/pynative"]["counts"]
-        assert len(counts) == 1 and counts[0] is not None, (name, rank)
-        c = np.array(counts[0])
-        assert c.shape == (ep, 4) and c.sum() == ep * (BATCH_TOKENS // dp) * 2, c   # every row of the ep group
-        per_dest = c.reshape(ep, ep, -1).sum(2)
-        assert len(set(c.reshape(-1).tolist())) > 1 and len(set(per_dest.reshape(-1).tolist())) > 1, c
-        if f"{name}/jit" in per_rank:
-            assert per_rank[f"{name}/jit"]["counts"] == [None]
+        seen = []
+        for mode, key in (("pynative", "eager"), ("jit", "graph")):
+            if mode not in modes:
+                continue
+            counts = per_rank[f"{name}/{mode}"]["counts"]
+            assert len(counts) == 1 and counts[0][key] is not None, (name, mode, rank)
+            c = np.array(counts[0][key])
+            assert c.shape == (ep, 4) and c.sum() == ep * (BATCH_TOKENS // dp) * 2, c   # every row of the ep group
+            per_dest = c.reshape(ep, ep, -1).sum(2)
+            assert len(set(c.reshape(-1).tolist())) > 1 and len(set(per_dest.reshape(-1).tolist())) > 1, c
+            seen.append(c)
+        for c in seen[1:]:
+            np.testing.assert_array_equal(c, seen[0])
 
 
 def test_all_to_all_v_forward_and_backward():
@@ -120,16 +131,34 @@ def test_ep2_softmax_and_sigmoid_group_routing(single_process):
     ref = reference(("jit",), group=True)         # routing variant: one mode (ep2 proves both modes)
     got = [{"ep2_sigmoid_groups/pynative": r["ep2_sigmoid_groups/jit"], **r} for r in results]
     _check(got, {"pynative": ref["jit"], "jit": ref["jit"]}, ["ep2_sigmoid_groups"])
+    for r in results:      # jit_variable False: jit's padded exchange ran, the graph path recorded nothing
+        assert r["ep2_sigmoid_groups/jit"]["counts"] == [{"eager": None, "graph": None, "sent_rows": 0,
+                                                          "buffer_rows": 0}]
     plan = results[0]["ep2/pynative"]["plan"]
     assert "local kernel: expert_parallel" in plan
     assert "experts.w_gate: (ep, None, None) (declared), grad summed over nothing" in plan
+
+
+def test_ep2_jit_expert_that_gets_no_rows():
+    """jit's variable path with an expert no row is routed to (expert 3, rank 1's second local expert: it
+    computes its zero sentinel row only) equals one process, forward and backward (every weight after 2 steps)."""
+    results = EP2.results()
+    ref = reference(("jit",), dead_expert=3)
+    got = [{"ep2_dead_expert/pynative": r["ep2_dead_expert/jit"], **r} for r in results]
+    _check(got, {"pynative": ref["jit"], "jit": ref["jit"]}, ["ep2_dead_expert"])
+    for r in results:
+        (counts,) = r["ep2_dead_expert/jit"]["counts"]
+        c = np.array(counts["graph"])
+        assert c.shape == (2, 4) and (c[:, 3] == 0).all() and (c[:, :3] > 0).all(), c
+        assert c.sum() == 2 * (BATCH_TOKENS // 2) * 2, c
 
 
 def test_ep4_ep2xdp2_ep2xtp2(single_process):
     results = EP4.results()
     _check(results, single_process, ["ep4", "ep2_tp2"])
     _uneven_variable_path(results, "ep4", 4, 4)
-    _uneven_variable_path(results, "ep2_dp2_global_aux", 2, 4)
+    _uneven_variable_path(results, "ep2_tp2", 2, 2)
+    _uneven_variable_path(results, "ep2_dp2_global_aux", 2, 4, ("pynative",))
     _check(results, reference(modes=("pynative",), balance="aux_loss"), ["ep2_dp2_global_aux"],  # batch-wide loss
            {"ep2_dp2_global_aux": ["pynative"]})
     plan = results[0]["ep2_dp2_global_aux/pynative"]["plan"]

@@ -12,7 +12,7 @@ Kernel. :class:`ExpertParallelExperts` replaces a ``moe_experts`` Cell when its 
 over ``ep`` (``sharding/rules/moe.py``). Rank ``p`` holds experts ``[p * E/P, (p + 1) * E/P)``. Each
 rank routes its own tokens exactly as one card would; the kernel has two paths.
 
-Variable counts (dropless routing in PyNative; the default there). The routed (token, k) rows are
+Variable counts (dropless routing in PyNative; the default there: :meth:`routed_rows`). The routed (token, k) rows are
 grouped by expert (token order within an expert); the per-expert counts of every rank are exchanged
 first (one all-gather of the ``P x E`` count matrix, whose block sums are the ``P x P`` send
 matrix), then :class:`~mindformers_core.distributed.comm.exchange.AllToAllV` moves exactly the routed
@@ -20,10 +20,32 @@ rows; each local expert runs one SwiGLU on exactly its rows (from all sources, n
 inverse exchange (the transposed matrix) brings them home, and they are combined as one card does.
 Rows on the wire per rank and step: the off-rank routed rows, 2 forward + 2 backward exchanges.
 
-Padded equal chunks (under ``ms.jit``, and with ``moe_expert_capacity_factor``). MindSpore's graph
-needs static shapes, and on CPU the count-dependent buffer sizes of the variable path can only be
-read on the host, so a traced step keeps the layout of ``expert_dispatch``: the padded (E, C, h)
-buffer, C from the rank's own token count, then
+Graph mode (dropless routing under ``ms.jit``, the default there: :meth:`routed_graph`). The host
+cannot read the counts inside a traced step, and MindSpore 2.10's CPU collectives need static shapes
+(a native AllGather of lengths that differ between ranks fails: ``RingAllGather ... Memcpy error``), so
+only this rank's own expert compute has data-dependent shapes:
+
+1. the rank's ``R = N k`` rows sorted by expert (an exact integer permutation, :func:`sort_rows_by_expert`);
+   the per-expert counts all-gathered first (the ``P x E`` matrix), then the ``R`` rows (a static
+   ``(P R, h)`` buffer; the emulated all-gather, an AllReduce-SUM of a slot buffer);
+2. from the count matrix every rank knows the expert of every gathered row
+   (:func:`expert_of_sorted_rows`); each local expert picks its rows (``nonzero``: data-dependent length)
+   plus one zero sentinel row, so no dynamic tensor is ever empty (MindSpore 2.10 rejects empty dynamic
+   inputs to the MatMul backward: "inputs must not be empty tensor for dynamic shape case in JIT mode",
+   and NonZero then fails to resize), and runs one SwiGLU on exactly them;
+3. the outputs are written back to their places of the ``(P R, h)`` layout (each place by exactly one
+   rank) and summed over the ranks (an AllReduce-SUM: a reduce-scatter), each rank keeps its ``R`` rows and
+   combines them as one card. The backward is MindSpore's own AllReduce bprop: no Cell bprop, so the
+   path is differentiable inside graphs taken from PyNative (hsdp level3 islands, jit pipeline stages).
+
+Rows on the CPU wire per rank and exchange: ``P R`` (against ``P E N`` for padded dropless chunks: ``E/k``
+times fewer); a native AlltoAllV would send only the off-rank rows, which the kernel records per call in
+the graph (``routed_counts``, ``wire_rows``; :meth:`graph_counts`). ``jit_variable=False`` (constructor
+argument or attribute, read when a graph is traced) keeps jit on the padded path.
+
+Padded equal chunks (with ``moe_expert_capacity_factor``, and under ``ms.jit`` with ``jit_variable=False``):
+a traced step keeps the layout of ``expert_dispatch``: the padded (E, C, h) buffer, C from the rank's own
+token count, then
 
 1. all-to-all over the ep group: the buffer's block of experts ``[p * E/P, (p + 1) * E/P)`` goes to
    rank ``p``; each rank receives (P sources, E/P local experts, C, h);
@@ -43,14 +65,16 @@ Which path: ``mindspore.graph.api._run_in_jit()`` -- MindSpore's own test (its `
 ``grad`` use it with the same ``# @jit.cond: True`` hint): a constexpr that is True while ``ms.jit``
 parses the Cell (a jit step, an hsdp level3 island, a jit pipeline stage) and False when PyNative
 runs it, decided per call, not by a global mode flag that a jit step inside a PyNative program
-would get wrong.
+would get wrong. Under jit, dropless routing takes :meth:`routed_graph` unless ``jit_variable`` is False.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
 from mindspore.graph.api import _run_in_jit
 
 from ..distributed.comm import kernels as K
@@ -60,6 +84,8 @@ from .expert_dispatch import capacity, combine, dispatch, dispatch_indices, swig
 from .layout import Layout
 from .propagation import Declaration, PlanError
 from .styles import ParallelStyle
+
+_COUNT_IDS = itertools.count()
 
 
 def expert_mesh(dp: int, cp: int, tp: int, ep: int, rank_list=None) -> Layout:
@@ -80,7 +106,8 @@ class ExpertParallelExperts(CommCell):
 
     mfc_replaces_inner = True   # computes with inner's weights without calling inner
 
-    def __init__(self, inner: nn.Cell, group, num_experts: int, local_tokens: int, topk: int, capacity_factor=None):
+    def __init__(self, inner: nn.Cell, group, num_experts: int, local_tokens: int, topk: int, capacity_factor=None,
+                 jit_variable: bool = True):
         super().__init__()
         self.inner = inner
         self.P = group.size
@@ -102,14 +129,49 @@ class ExpertParallelExperts(CommCell):
         if self.variable:
             self.exchange_v = AllToAllV(group)
         self.compute_dtype = getattr(inner, "compute_dtype", None)
-        self.last_counts = None          # the (P, E) count matrix of the last variable-path call (tests, bench)
+        self.last_counts = None          # the (P, E) count matrix of the last PyNative variable-path call
+        # under jit, dropless routing takes the graph-mode variable path (routed_graph) unless jit_variable is
+        # False (then the padded path, as with a capacity factor); read when a graph is traced
+        self.jit_variable = bool(jit_variable)
+        if self.variable:
+            # the graph path's collectives: the emulated all-gather (an AllReduce-SUM of a slot buffer) and the
+            # AllReduce-SUM, both differentiated by MindSpore's own AllReduce bprop (no Cell bprop: see routed_graph)
+            from ..distributed.comm.capabilities import force_emulation
+            with force_emulation():
+                self.gather_rows = K.AllGatherKernel(group, 0)
+            self.sum_rows = K._SumAllReduce(group)
+            # what the graph path records each call (read by tests and bench/moe.py through graph_counts()):
+            # the (P, E) count matrix it exchanged, and [off-rank rows sent forward (dispatch + combine), rows
+            # in the emulated buffers forward], summed over calls until reset_graph_counts()
+            n = next(_COUNT_IDS)
+            self.routed_counts = Parameter(Tensor(np.full((self.P, self.E), -1, np.float32)),
+                                           name=f"mfc_expert_counts_{n}", requires_grad=False)
+            self.wire_rows = Parameter(Tensor(np.zeros((2,), np.float32)), name=f"mfc_expert_wire_rows_{n}",
+                                       requires_grad=False)
 
     def construct(self, x, weights, index):
         if _run_in_jit():  # @jit.cond: True
+            if self.variable and self.jit_variable:
+                return self.routed_graph(x, weights, index)
             return self.padded(x, weights, index)
         if self.variable:
             return self.routed_rows(x, weights, index)
         return self.padded(x, weights, index)
+
+    def graph_counts(self):
+        """What the graph path recorded: ``(counts, wire)`` with ``counts`` the (P, E) int count matrix of its
+        last call (None if it never ran) and ``wire`` = {"sent_rows", "buffer_rows"} summed since the last reset."""
+        if not self.variable:
+            return None, {"sent_rows": 0, "buffer_rows": 0}
+        c = self.routed_counts.asnumpy()
+        w = self.wire_rows.asnumpy()
+        counts = None if c.min() < 0 else np.rint(c).astype(np.int64)
+        return counts, {"sent_rows": int(round(float(w[0]))), "buffer_rows": int(round(float(w[1])))}
+
+    def reset_graph_counts(self):
+        if self.variable:
+            self.routed_counts.set_data(Tensor(np.full((self.P, self.E), -1, np.float32)))
+            self.wire_rows.set_data(Tensor(np.zeros((2,), np.float32)))
 
     def flat_tokens(self, x):
         """(tokens, hidden) in the experts' compute dtype: what both paths route."""
@@ -144,6 +206,63 @@ class ExpertParallelExperts(CommCell):
         y = (mine * ops.expand_dims(weights.reshape(n, k).astype(mine.dtype), -1)).sum(1)
         return y.reshape(x.shape).astype(x.dtype)
 
+    def routed_graph(self, x, weights, index):
+        """The variable-count path under ``ms.jit``: exactly the routed rows are computed, and the wire carries
+        ``P * N * k`` rows instead of the padded ``P * E * N``. Static shapes on the wire, data-dependent
+        shapes only in this rank's own expert compute (see the module docstring, "Graph mode")."""
+        h, k = x.shape[-1], index.shape[-1]
+        tokens = self.flat_tokens(x)
+        n = tokens.shape[0]
+        P, L, E = self.P, self.L, self.E
+        R = n * k
+        expert = index.reshape(-1).astype(ms.int32)
+        slot, order, counts = sort_rows_by_expert(expert, E)                  # exact integer permutation
+        send = ops.gather(tokens, order // k, 0)                              # (R, h): my rows, by expert
+        matrix = self.gather_rows(counts.astype(ms.float32).reshape(1, E))   # (P, E): counts first
+        everyone = self.gather_rows(send)                                     # (P * R, h) static
+        # the rank is data (its one-hot slot vector), never a Python constant: every rank traces one graph
+        me = (self.slots * ops.arange(0, P, 1, dtype=ms.float32)).sum().astype(ms.int32)
+        row_expert = expert_of_sorted_rows(ops.stop_gradient(matrix).astype(ms.int32), R)   # (P * R,)
+        # one zero sentinel row (index P * R) joins every local expert's rows: no data-dependent tensor is
+        # ever empty (MindSpore 2.10 jit rejects empty dynamic inputs to the MatMul backward; NonZero then
+        # fails to resize); its output is zero (SwiGLU(0) = 0) and its gradient zero
+        everyone = ops.concat((everyone, ops.zeros((1, h), everyone.dtype)), 0)
+        sentinel = ops.fill(ms.int32, (1,), P * R)
+        inner = self.inner
+        dtype = tokens.dtype
+        outs, places = (), ()
+        for local in range(L):
+            where = ops.nonzero(row_expert == me * L + local).reshape(-1).astype(ms.int32)   # data-dependent
+            where = ops.concat((where, sentinel), 0)
+            rows = ops.gather(everyone, where, 0)
+            outs = outs + (swiglu_rows(rows, inner.w_gate[local].astype(dtype), inner.w_up[local].astype(dtype),
+                                       inner.w_down[local].astype(dtype)),)
+            places = places + (where,)
+        out = ops.concat(outs, 0) if L > 1 else outs[0]
+        place = ops.concat(places, 0) if L > 1 else places[0]
+        # every row goes back to its place in the all-gathered layout: (source, its expert-sorted row); each
+        # place is written by exactly one rank (its expert's), so the sum over ranks is a reduce-scatter
+        buf = ops.tensor_scatter_update(ops.zeros((P * R + 1, h), out.dtype), place.reshape(-1, 1), out)
+        back = self.sum_rows(ops.narrow(buf, 0, 0, P * R))                      # (P * R, h)
+        mine = ops.gather(back, ops.arange(0, R, 1, dtype=ms.int32) + me * R, 0)   # my rows, by expert
+        y = ops.gather(mine, slot, 0).reshape(n, k, h)                          # token-major
+        y = (y * ops.expand_dims(weights.reshape(n, k).astype(y.dtype), -1)).sum(1)
+        y = ops.depend(y, self.record(matrix, me, L, R))
+        return y.reshape(x.shape).astype(x.dtype)
+
+    def record(self, matrix, me, L, R):
+        """Store the count matrix and add the forward's wire rows (tests, bench): off-rank rows this rank sent
+        in the dispatch (its rows for other ranks' experts) and in the combine (rows of other ranks computed
+        here), and the emulated buffers' rows (2 exchanges of P * R rows)."""
+        m = ops.stop_gradient(matrix)
+        P = self.P
+        per_dest = m.reshape(P, P, L).sum(2)                                   # (source, destination)
+        mine = self.slots.reshape(P, 1)
+        sent = (per_dest * mine).sum() - (per_dest * mine * mine.reshape(1, P)).sum()
+        received = (per_dest * mine.reshape(1, P)).sum() - (per_dest * mine * mine.reshape(1, P)).sum()
+        wire = ops.stack((sent + received, ops.fill(ms.float32, (), 2 * P * R)))
+        return ops.depend(ops.assign(self.routed_counts, m), ops.assign_add(self.wire_rows, wire))
+
     def padded(self, x, weights, index):
         """The equal-chunk path: static shapes (jit; capacity factor)."""
         h, k = x.shape[-1], index.shape[-1]
@@ -166,6 +285,30 @@ class ExpertParallelExperts(CommCell):
 def swiglu_rows(x, w_gate, w_up, w_down):
     """``(silu(x W_gate) * (x W_up)) W_down`` for one expert on its (rows, h) input."""
     return ops.matmul(ops.silu(ops.matmul(x, w_gate)) * ops.matmul(x, w_up), w_down)
+
+
+def sort_rows_by_expert(expert, num_experts: int):
+    """Rows (token-major, ``expert`` (R,) int32 ids) grouped by expert, token order within an expert, as an
+    exact integer permutation (no float sort keys): ``slot`` (R,) the place of each row in that order,
+    ``order`` (R,) its inverse (the row at each place) and ``counts`` (E,) the rows per expert."""
+    rows = expert.shape[0]
+    onehot = ops.one_hot(expert, num_experts, ops.ones((), ms.int32), ops.zeros((), ms.int32))   # (R, E)
+    counts = onehot.sum(0)
+    position = (ops.cumsum(onehot, 0) * onehot).sum(1) - 1                  # rank within its expert
+    start = ops.cumsum(counts, 0) - counts
+    slot = ops.gather(start, expert, 0) + position
+    order = ops.tensor_scatter_update(ops.zeros((rows,), ms.int32), slot.reshape(-1, 1),
+                                      ops.arange(0, rows, 1, dtype=ms.int32))
+    return slot.astype(ms.int32), order, counts
+
+
+def expert_of_sorted_rows(matrix, rows: int):
+    """The expert of every row of the all-gathered send buffers: ``matrix`` (P, E) int32 counts, source ``s``'s
+    ``rows`` places hold its rows sorted by expert, padded with places past its count (expert ``E``: nobody's).
+    Returns (P * rows,) int32."""
+    ends = ops.cumsum(matrix, 1)                                            # (P, E) end of each expert's rows
+    place = ops.arange(0, rows, 1, dtype=ms.int32).reshape(1, rows, 1)
+    return (place >= ops.expand_dims(ends, 1)).astype(ms.int32).sum(2).reshape(-1)
 
 
 def routed_plan(expert_of_row, topk: int, counts, me: int, local_experts: int) -> dict:

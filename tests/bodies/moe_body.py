@@ -2,6 +2,8 @@
 mixture of experts (4 experts, top-2, shared expert, sequence-level or global aux loss, dropless), with the
 experts split over ``ep`` (optionally with more data parallel or dense tensor parallel), trained 2
 momentum-SGD steps in PyNative and jit; returns losses and this rank's weight shards to merge."""
+import time
+
 import numpy as np
 import mindspore as ms
 
@@ -32,46 +34,75 @@ def batches():
     return [pair[i % 2] for i in range(STEPS)]
 
 
+def build(dead_expert=None, **kw):
+    """The MoE GPT of ``make_config(**kw)``; ``dead_expert``: that expert is never chosen (an expert bias of
+    -100 on it, which steers the choice only: the routing of every other row is unchanged)."""
+    config = make_config(**kw)
+    if dead_expert is not None:
+        config.moe_router_enable_expert_bias = True
+    model = GPTModel(config)
+    if dead_expert is not None:
+        from mindspore import Tensor
+        from mindformers_core.transformer.moe import routers_of
+        for _, router in routers_of(model):
+            bias = np.zeros(router.num_experts, np.float32)
+            bias[dead_expert] = -100.0
+            router.expert_bias.set_data(Tensor(bias))
+    return config, model
+
+
 def reference(modes=("pynative", "jit"), **kw):
     out = {}
     for mode in modes:
         ms.set_seed(0)
-        model = GPTModel(make_config(**kw))
+        _, model = build(**kw)
         losses = train(model, batches(), lambda a: a, mode)
         out[mode] = {"losses": losses, "weights": {p.name: p.asnumpy() for p in model.trainable_params()}}
     return out
 
 
 def run(configs, modes=("pynative", "jit")):
-    """``configs``: name -> dict of ``make_config`` keyword arguments (``"modes"``: this config's modes)."""
+    """``configs``: name -> dict of ``build`` keyword arguments (``"modes"``: this config's modes;
+    ``"jit_variable": False``: jit runs the padded exchange instead of the graph-mode variable one)."""
     rank = get_env().rank
     result = {}
     for name, kw in configs.items():
         kw = dict(kw)
+        jit_variable = kw.pop("jit_variable", True)
         for mode in kw.pop("modes", modes):
             ms.set_seed(0)
-            config = make_config(**kw)
-            model = GPTModel(config)
+            config, model = build(**kw)
             sample = batches()[0]
             parallelize(model, config, sample[:, :-1], sample[:, 1:])
+            for _, cell in model.cells_and_names():
+                if hasattr(cell, "jit_variable"):       # False: jit takes the padded path (ExpertParallelExperts)
+                    cell.jit_variable = jit_variable
             layout = sharding_plan_of(model).input_layouts[0]
             shape = sample[:, :-1].shape
+            start = time.perf_counter()
             losses = train(model, batches(), lambda a: a[layout.local_slice(shape, rank)], mode)
+            seconds = time.perf_counter() - start      # compile included (the suite's cost of this config)
             shards = {}
             for p in model.trainable_params():
                 sl = layout_of(p).local_slice(global_shape_of(p), rank)
                 shards[p.name] = (p.asnumpy(), [(s.start, s.stop) for s in sl], global_shape_of(p))
-            result[f"{name}/{mode}"] = {"losses": losses, "shards": shards, "counts": _expert_counts(model),
+            result[f"{name}/{mode}"] = {"losses": losses, "shards": shards, "counts": _expert_counts(model), "seconds": seconds,
                                         "plan": sharding_plan_of(model).explain() if mode == "pynative" else ""}
     return result
 
 
 def _expert_counts(model):
-    """The (P, E) routed-row count matrices of the expert-parallel kernels' last variable-count exchange
-    (None where the padded path ran: jit)."""
+    """Per expert-parallel kernel, the (P, E) routed-row count matrix of its last variable-count exchange:
+    ``eager`` as PyNative's path read it on the host, ``graph`` as the jit path recorded it in the graph (None
+    where that path did not run), and the graph path's forward wire rows (``sent_rows``, ``buffer_rows``)."""
     from mindformers_core.sharding.expert_parallel import ExpertParallelExperts
-    return [None if c.last_counts is None else c.last_counts.tolist()
-            for _, c in model.cells_and_names() if isinstance(c, ExpertParallelExperts)]
+    out = []
+    for _, c in model.cells_and_names():
+        if isinstance(c, ExpertParallelExperts):
+            graph, wire = c.graph_counts()
+            out.append({"eager": None if c.last_counts is None else c.last_counts.tolist(),
+                        "graph": None if graph is None else graph.tolist(), **wire})
+    return out
 
 
 def run_trainer(yaml, out_root, argv, modes=(1, 0)):
