@@ -134,7 +134,7 @@ def test_layers_must_divide_stages_unless_split_given():
 def test_scheduler_must_match_interleave():
     assert errors_of({"parallel.pipeline_config.pipeline_scheduler": "zbv"}) == [
         "parallel.pipeline_config.pipeline_interleave = 1: scheduler 'zbv' needs pipeline_interleave == 2 "
-        "(schedulers: ['gpipe', '1f1b', 'interleaved', 'zb_h1', 'zbv', 'dualpipev'])"]
+        "(schedulers: ['gpipe', '1f1b', 'interleaved', 'zb_h1', 'zbv', 'dualpipev', 'dualpipe'])"]
 
 
 def test_heads_and_kv_heads_must_divide_model_parallel():
@@ -195,7 +195,7 @@ def test_wrong_types_enums_bounds_and_missing():
         "hsdp.optimizer_level = 'level4': must be one of ['level1', 'level2', 'level3']"]
     assert errors_of({"parallel.pipeline_config.pipeline_scheduler": "seqpipe"}) == [
         "parallel.pipeline_config.pipeline_scheduler = 'seqpipe': must be one of "
-        "['gpipe', '1f1b', 'interleaved', 'zb_h1', 'zbv', 'dualpipev']"]
+        "['gpipe', '1f1b', 'interleaved', 'zb_h1', 'zbv', 'dualpipev', 'dualpipe']"]
     assert errors_of({"runner_config.batch_size": 0}) == ["runner_config.batch_size = 0: must be >= 1"]
     assert errors_of({"model.model_config.vocab_size": None}) == [
         "model.model_config.vocab_size is missing: required (int)"]

@@ -172,19 +172,5 @@ def test_docs_hold_the_generated_bubble_table():
             ideal_makespan(compute_only(dpv), 2 * p, StepCosts(1.0, 2.0, overlap=1.0))
 
 
-def test_yaml_refuses_dualpipe_naming_what_is_missing(tmp_path):
-    """``pipeline_scheduler: dualpipe`` is refused before anything starts, saying what the trainer lacks (the
-    runtime executes it: ScheduleDualPipe)."""
-    from mindformers_core.training.config import ConfigError
-    from tests.test_trainer import build_assets, config_of
-    tiny = build_assets(str(tmp_path / "assets"))
-    with pytest.raises(ConfigError) as e:
-        config_of(["--config", tiny["yaml"], "--output_dir", str(tmp_path / "out"),
-                   "--parallel.pipeline_config.pipeline_scheduler", "dualpipe"])
-    text = str(e.value)
-    assert "parallel.pipeline_config.pipeline_scheduler = 'dualpipe'" in text
-    assert "the trainer does not build it yet" in text and "ScheduleDualPipe" in text and "use dualpipev" in text
-
-
 if __name__ == "__main__":
     print(bubble_table())

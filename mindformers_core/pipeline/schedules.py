@@ -318,6 +318,8 @@ BUILTIN_SCHEDULES = {
     "zb_h1": (ScheduleZeroBubbleH1, 1, "interleaved"),
     "zbv": (ScheduleZeroBubbleV, 2, "v"),
     "dualpipev": (ScheduleDualPipeV, 2, "v"),
+    # the model cut into pp stages held twice: stage indices 0..2p-1 (down copy, then up copy) in a V
+    "dualpipe": (ScheduleDualPipe, 2, "v"),
 }
 
 

@@ -76,8 +76,13 @@ class Checkpointer:
     def __init__(self, directory: str, rank: int, world: int, params: List, dp: int, dp_rank: int,
                  optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
                  log: Callable[[str], None] = print, async_save: bool = False, fallback: bool = False,
-                 state_params: Sequence = ()):
+                 state_params: Sequence = (), copies: Sequence = ()):
         self.directory, self.rank, self.world = directory, rank, world
+        # DualPipe's up copy (``BuiltModel.copies``): parameters named as the down copy of the same model
+        # stage on another pipeline rank, equal to it with equal AdamW moments (the two copies take the
+        # same summed gradient). Saved once (by the down copy): the checkpoint is the one-chain model's;
+        # loading fills both copies by name.
+        self.copy_ids = {id(p) for p in copies}
         self.fallback = fallback      # resume_fallback_to_intact
         self.params, self.dp, self.dp_rank = params, dp, dp_rank
         self.state_params = list(state_params)
@@ -99,17 +104,19 @@ class Checkpointer:
     # ------------------------------------------------------------------ save
     def save(self, step: int, trainer_state: Dict[str, Any]) -> str:
         """Save weights, AdamW moments, this rank's data position and ``trainer_state`` (collective)."""
+        own = [id(p) not in self.copy_ids for p in self.params]     # DualPipe: the down copies only
         if self.wrapped is not None:    # hsdp holds shards of the moments (and of the weights at level3)
             states = self.wrapped.full_optimizer_states(self.optimizer)
-            opt = {"adam_m": {p.name: st[0] for p, st in zip(self.params, states)},
-                   "adam_v": {p.name: st[1] for p, st in zip(self.params, states)}}
+            opt = {"adam_m": {p.name: st[0] for p, st, o in zip(self.params, states, own) if o},
+                   "adam_v": {p.name: st[1] for p, st, o in zip(self.params, states, own) if o}}
         else:
-            opt = {"adam_m": {p.name: m.asnumpy() for p, m in zip(self.params, self.optimizer.moment1)},
-                   "adam_v": {p.name: v.asnumpy() for p, v in zip(self.params, self.optimizer.moment2)}}
+            opt = {"adam_m": {p.name: m.asnumpy() for p, m, o in zip(self.params, self.optimizer.moment1, own) if o},
+                   "adam_v": {p.name: v.asnumpy() for p, v, o in zip(self.params, self.optimizer.moment2, own) if o}}
+        saved = [p for p, o in zip(self.params, own) if o]
         with self.full_weights():
-            weights = {p.name: p.asnumpy() for p in self.params}
+            weights = {p.name: p.asnumpy() for p in saved}
         weights.update({p.name: p.asnumpy() for p in self.state_params})     # e.g. the expert bias
-        layouts = {p.name: layout_of(p) for p in self.params + self.state_params}
+        layouts = {p.name: layout_of(p) for p in saved + self.state_params}
         if self.saver is not None:       # host copies taken; files written and published in the background
             self.saver.save(self.directory, step, weights, layouts, optimizer_state=opt,
                             data_state=self.data.state_dict(), trainer_state=trainer_state)

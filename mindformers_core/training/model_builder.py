@@ -33,10 +33,12 @@ _LOCAL_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 @dataclass
 class BuiltModel:
     model_config: object        # the TransformerConfig the chunks were built with
-    chunks: list                # this rank's stage Cells in model order (one without a pipeline)
+    chunks: list                # this rank's stage Cells in model order (one without a pipeline); DualPipe:
+                                # the down copy of model stage r, then the up copy of model stage pp-1-r
     params: list                # their trainable parameters, in order
     plan: object                # the first chunk's ShardingPlan
     moe: object = None          # a MoEMonitor (training/moe_log.py) for a mixture-of-experts model
+    copies: tuple = ()          # DualPipe: the up copy's parameters (same names as a down copy's elsewhere)
 
     @property
     def model(self):
@@ -69,9 +71,12 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
             chunk = spec.model_class(mcfg)
             parallelize(chunk, mcfg, ids, ids, mesh=mesh, rank=topo.rank)
         else:
-            chunk = spec.model_class(mcfg, pp_rank=s % shape.pp, vp_stage=s // shape.pp if shape.vpp > 1 else None,
+            # DualPipe: stage index s runs model stage s % pp (its down copy for s < pp, else its up
+            # copy), built like any stage: both copies of a model stage have the same parameter names
+            k = topo.model_stage(s)
+            chunk = spec.model_class(mcfg, pp_rank=k % shape.pp, vp_stage=k // shape.pp if shape.vpp > 1 else None,
                                      layers_per_stage=counts)
-            _parallelize_stage(chunk, mcfg, s, topo, mesh, ids)
+            _parallelize_stage(chunk, mcfg, k, topo, mesh, ids)
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
                 p.name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", p.name)
@@ -79,7 +84,8 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
         chunks.append(chunk)
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
-    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe)
+    copies = tuple(p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters())
+    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies)
 
 
 def apply_context_parallel(mcfg, parallel_config, cp: int) -> None:
@@ -107,7 +113,7 @@ def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Opt
 
 
 def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarray) -> None:
-    """A pipeline stage takes ids (first stage) or hidden states, and labels on the last stage;
+    """Model stage ``s`` takes ids (first stage) or hidden states, and labels on the last stage;
     hidden states arrive split over dp, their sequence over cp (context parallel) and tp (SP), as
     the previous stage's layers leave them; labels are split over dp and cp like the ids."""
     if s == 0:
@@ -119,7 +125,7 @@ def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarra
     hidden = np.zeros(ids.shape + (mcfg.hidden_size,), np.float32)
     samples = [hidden, ids]
     layouts = [mesh(dpx, seq, "None"), mesh(dpx, "cp" if topo.cp > 1 else "None")]
-    if s != topo.stage_num - 1:
+    if s != topo.model_stage_num - 1:
         samples, layouts = samples[:1], layouts[:1]
     parallelize(chunk, mcfg, *samples, mesh=mesh, rank=topo.rank, input_layouts=layouts)
 

@@ -250,8 +250,8 @@ class _Checks:
             except (TypeError, ValueError):
                 ranges = None
             for r in range(topo.pp) if ranges else ():
-                held = [s for s, q in enumerate(topo.placement) if q == r]
-                if not any(len(ranges[s]) for s in held) and 0 not in held and topo.stage_num - 1 not in held:
+                held = [s for s, q in enumerate(topo.model_placement) if q == r]
+                if not any(len(ranges[s]) for s in held) and 0 not in held and topo.model_stage_num - 1 not in held:
                     self.errors.append(f"parallel.pipeline_config.layers_per_stage = {pipe.layers_per_stage}: "
                                        f"pipeline rank {r} would hold stages {held} with no layers and no embedding "
                                        "or output layer (nothing to train); give every rank at least one layer")

@@ -62,6 +62,11 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
             errors.append(f"parallel.pipeline_config.pipeline_interleave = {vpp}: scheduler {sched!r} needs "
                           f"pipeline_interleave {need} (schedulers: {list(PIPELINE_SCHEDULERS)})")
 
+    if ok(pcfg + "pipeline_scheduler", pc + "pipeline_stage", pc + "micro_batch_num", "parallel",
+          mc + "num_experts", pc + "expert_parallel") \
+            and _get(cfg, pcfg + "pipeline_scheduler") == "dualpipe" and _get(cfg, pc + "pipeline_stage") > 1:
+        errors += _dualpipe(cfg)
+
     if ok(mc + "num_layers", pc + "pipeline_stage", pcfg + "pipeline_interleave", pcfg + "layers_per_stage",
           mc + "offset"):
         errors += _layer_split(cfg)
@@ -92,6 +97,33 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
                       "use_flash_attention: False (the same attention is computed unfused)")
     if ok("optimizer.betas") and len(cfg["optimizer"]["betas"]) != 2:
         errors.append(f"optimizer.betas = {cfg['optimizer']['betas']}: must be two numbers [beta1, beta2]")
+    return errors
+
+
+def _dualpipe(cfg: Dict[str, Any]) -> List[str]:
+    """The bidirectional DualPipe (docs/pipeline.md "DualPipe (bidirectional)"): every rank pairs with its
+    mirror rank, half the microbatches enter at each end; what the trainer has not tested with it is refused."""
+    pc = cfg["parallel_config"]
+    p, m = pc["pipeline_stage"], pc["micro_batch_num"]
+    where = "with parallel.pipeline_config.pipeline_scheduler = 'dualpipe'"
+    errors = []
+    if p % 2:
+        errors.append(f"parallel_config.pipeline_stage = {p}: must be even {where} (rank r pairs with its mirror "
+                      f"rank pipeline_stage-1-r, which holds the other copy of its model stages); use "
+                      f"{p + 1}, or dualpipev")
+    if m % 2 or m < 2 * p:
+        errors.append(f"parallel_config.micro_batch_num = {m}: must be even and >= 2 x pipeline_stage = {2 * p} "
+                      f"{where} (half of the microbatches enter at each end, each half fills a pipeline of "
+                      f"{p} ranks); use {max(2 * p, m + m % 2)}")
+    if cfg["parallel"]["enable_parallel_optimizer"]:
+        errors.append(f"parallel.enable_parallel_optimizer = True: not {where}: hsdp's gradient reduction and "
+                      "norm do not know DualPipe's two weight copies (each model stage would be counted twice); "
+                      "use dualpipev, or enable_parallel_optimizer: False")
+    experts = cfg["model"]["model_config"].get("num_experts")
+    if (experts or 1) > 1 or (pc.get("expert_parallel") or 1) > 1:
+        errors.append(f"model.model_config.num_experts = {experts} (expert_parallel {pc.get('expert_parallel')}): "
+                      f"a mixture of experts is not run {where}: its expert load log, aux loss and expert bias "
+                      "update do not know the two copies of a stage (untested); use dualpipev")
     return errors
 
 

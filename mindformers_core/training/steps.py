@@ -135,7 +135,7 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     if shape.pp > 1:    # stages hold different parameters: their squared norms add up over pp
         from ..distributed.process_group import new_group
         pp_group = new_group(topo.pp_ranks)
-    weights = replication_weights(params, axis_groups) if axis_groups else None
+    weights = _copy_norm_weights(topo, params, replication_weights(params, axis_groups) if axis_groups else None)
     limit = clip_limit(float(cfg.runner_config.max_grad_norm))
     stages, schedule = _pipeline_schedule(shape, topo, built) if shape.pp > 1 else (None, None)
     feed = _StageFeed(topo, pp_group)
@@ -236,9 +236,20 @@ class _StageFeed:
 def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel):
     """This rank's ``PipelineStage`` objects and the configured schedule over them."""
     from ..pipeline.runtime import PipelineStage
-    stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks, loss_in_cell=s == topo.stage_num - 1)
+    stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks,
+                            loss_in_cell=topo.model_stage(s) == topo.model_stage_num - 1)
               for chunk, s in zip(built.chunks, topo.stages)]
+    # DualPipe (ScheduleDualPipe): stages r and 2p-1-r; the runtime gives the up copy the down copy's
+    # weights before its first run and sums the two copies' gradients after every run
     return stages, build_schedule(shape.scheduler, stages, shape.micro_batch_num)
+
+
+def _copy_norm_weights(topo: Topology, params, weights):
+    """DualPipe holds every model stage twice on the pipeline ranks, the two copies with the same (summed)
+    gradient: each counts half in the squared norm summed over pp, so that the norm is the model's."""
+    if not topo.dualpipe:
+        return weights
+    return tuple(0.5 * w for w in (weights if weights is not None else (1.0,) * len(params)))
 
 
 def _hsdp(cfg: Config, shape: JobShape, built: BuiltModel, stages):

@@ -151,9 +151,37 @@ class Topology:
         return BUILTIN_SCHEDULES[self.scheduler][2] if self.pp > 1 else "interleaved"
 
     @property
+    def dualpipe(self) -> bool:
+        """The bidirectional DualPipe: the model's ``pp`` stages held twice (a down and an up copy)."""
+        return self.pp > 1 and self.scheduler == "dualpipe"
+
+    @property
     def placement(self) -> Tuple[int, ...]:
-        """Pipeline rank of each (virtual) stage."""
+        """Pipeline rank of each (virtual) stage the schedule runs. DualPipe: ``2 pp`` stage indices,
+        index ``k < pp`` is model stage ``k`` of the down copy (on rank ``k``), index ``pp + k`` model
+        stage ``k`` of the up copy (on rank ``pp-1-k``): a V over two chunks per rank."""
+        if self.dualpipe:
+            return stage_placement("v", self.pp, 2)
         return stage_placement(self.placement_kind, self.pp, self.vpp)
+
+    @property
+    def model_stage_num(self) -> int:
+        """Stages the model is cut into (``pp * vpp``); DualPipe runs each of them twice."""
+        return self.pp * self.vpp
+
+    def model_stage(self, stage: int) -> int:
+        """The model stage a schedule stage index runs (itself, except DualPipe's up copy)."""
+        return stage % self.model_stage_num if self.dualpipe else stage
+
+    @property
+    def model_placement(self) -> Tuple[int, ...]:
+        """Pipeline rank of each model stage (DualPipe: of its down copy)."""
+        return self.placement[:self.model_stage_num]
+
+    def is_copy(self, stage: int) -> bool:
+        """DualPipe's up copy: a second copy of a model stage whose weights the down copy also holds
+        (checkpoints save the down copy only)."""
+        return self.dualpipe and stage >= self.model_stage_num
 
     def layer_ranges(self, num_layers: int, layers_per_stage: Sequence) -> List[range]:
         """Global layers of every stage for an explicit ``layers_per_stage`` (counts or ranges)."""
@@ -161,7 +189,8 @@ class Topology:
 
     @property
     def stage_num(self) -> int:
-        return self.pp * self.vpp
+        """Stage indices of the schedule: ``pp * vpp``, DualPipe ``2 * pp`` (two copies)."""
+        return self.model_stage_num * (2 if self.dualpipe else 1)
 
     @property
     def stages(self) -> List[int]:
@@ -170,13 +199,13 @@ class Topology:
 
     @property
     def holds_first_stage(self) -> bool:
-        """This rank runs stage 0 (the embedding)."""
-        return 0 in self.stages
+        """This rank runs model stage 0 (the embedding; DualPipe: ranks 0 and pp-1, one copy each)."""
+        return any(self.model_stage(s) == 0 for s in self.stages)
 
     @property
     def holds_last_stage(self) -> bool:
-        """This rank runs the last stage (output layer and loss)."""
-        return self.stage_num - 1 in self.stages
+        """This rank runs the last model stage (output layer and loss; DualPipe: ranks 0 and pp-1)."""
+        return any(self.model_stage(s) == self.model_stage_num - 1 for s in self.stages)
 
     def describe(self) -> str:
         return (f"rank {self.rank}: pipeline rank {self.pp_rank} (stages {self.stages} of {self.stage_num}), "

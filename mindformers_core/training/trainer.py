@@ -118,7 +118,7 @@ class Trainer:
             self.guard, self._poison = step.guard, step.poison
             self.checkpointer = Checkpointer(params=self.params, optimizer=self.optimizer, wrapped=self.wrapped,
                                              data=self.data, state_params=state_params_of(self.built.chunks),
-                                             **common)
+                                             copies=self.built.copies, **common)
         self._ready = True
 
     def _build_model(self, micro_batch: int) -> None:
