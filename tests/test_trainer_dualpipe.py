@@ -65,3 +65,15 @@ def test_yaml_refuses_what_dualpipe_does_not_run(tiny, tmp_path, extra, workers,
     with pytest.raises(ConfigError) as e:
         config_of(args(tiny, tmp_path / "out", *DUALPIPE, *extra), worker_num=workers)
     assert expected in str(e.value)
+
+
+def test_cli_draws_dualpipe_from_its_name(capsys):
+    """``dualpipe`` is a built-in name for the visualizer too: the schedule is simulated with its routes."""
+    from mindformers_core.pipeline.simulator import simulate
+    from mindformers_core.pipeline.stage import stages_of_rank
+    from mindformers_core.pipeline.visualize import run
+    assert run(["--schedule", "dualpipe", "--stages", "2", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    want = simulate(ScheduleDualPipe(stages_of_rank(0, 2, 2, "v"), 4))
+    assert "ScheduleDualPipe: 4 stage(s) on 2 rank(s), 4 microbatch(es)" in out
+    assert f"makespan {want.makespan:g}, bubble {want.bubble_ratio:.1%}" in out

@@ -294,7 +294,8 @@ def _run(args, out) -> int:
                                  blocking_send=not args.async_send, **split)
         unit = _measured_unit(tl, args.unit)
     else:
-        tl = simulate(order, blocking_send=not args.async_send, **costs)
+        # the schedule itself when built here: it carries its routes (DualPipe's two directions)
+        tl = simulate(sched if sched is not None else order, blocking_send=not args.async_send, **costs)
         label = type(sched).__name__ if sched is not None else f"order from {args.order}"
         given = [("F", "fwd_time"), ("B", "bwd_time"), ("I", "bwd_input_time"), ("W", "bwd_weight_time"),
                  ("comm", "comm_time"), ("overlap", "overlap")]
