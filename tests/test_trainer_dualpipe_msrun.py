@@ -8,6 +8,9 @@ one-process run's step-1 checkpoint. Rank r holds model stage r (the down copy) 
 stage 1-r (the up copy), so each rank holds the embedding and the head once; 4 microbatches, the first two
 down the pipeline, the last two up.
 
+A second batched job on 4 workers: pp2 x dp2 DualPipe under jit and pp2 x tp2 DualPipe in PyNative, against
+one process the same way (loss and gradient norm every step).
+
 Checkpoints: a DualPipe run saves one copy of each model stage under the one-chain model's names, so its
 step-1 checkpoint holds exactly the parameters (and AdamW moments) of the one-process checkpoint, equal to
 them; it resumes on one process, and the one-process checkpoint resumes in DualPipe (loading fills both
@@ -57,6 +60,24 @@ def _kwargs():
 
 
 PP2 = job("trainer_dualpipe_pp2", 2, "tests.test_trainer_msrun:run_many", _kwargs, timeout=600, group=__name__)
+# 4 workers: DualPipe with data parallel (jit; each dp replica's mirror pair sums its copies, then the dp
+# average; 4 rows per replica in 4 microbatches: the two replicas' microbatch i together are one slice of the
+# 8-row global batch, the loss normalised over its labelled tokens, so the reference is one process taking the
+# 8 rows in 4 slices) and with tensor-parallel stages (PyNative; the copies' gradients summed between the same
+# tp positions; the 4-row reference)
+W4_JOBS = {"pp2_dp2_jit": (0, ["--parallel_config.data_parallel", 2, "--runner_config.batch_size", 4], "p1_b8_jit"),
+           "pp2_tp2_pynative": (1, ["--parallel_config.model_parallel", 2], "p1_pynative")}
+
+
+def _kwargs4():
+    tiny = build_assets(ASSETS)
+    root = tempfile.mkdtemp(prefix="mfc_dualpipe_trainer4_")
+    _RUNS.update({name: os.path.join(root, name) for name in W4_JOBS}, tiny=tiny)
+    return {"argvs": [args(tiny, _RUNS[name], "--mode", mode, *SHORT, *DUALPIPE, *extra, *NO_CHECKPOINTS)
+                      for name, (mode, extra, _) in W4_JOBS.items()]}
+
+
+W4 = job("trainer_dualpipe_w4", 4, "tests.test_trainer_msrun:run_many", _kwargs4, timeout=600, group=__name__)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +103,26 @@ def test_dualpipe_pp2_matches_one_process(runs, mode):
     # the global norm counts each of the two copies of a model stage once: the one-process norm (clipped at 1.0)
     assert_close([r["grad_norm"] for r in records(runs[f"pp2_{mode}"])],
                  [r["grad_norm"] for r in records(runs[f"p1_{mode}"])])
+
+
+@pytest.fixture(scope="module")
+def runs4(runs):
+    done = W4.results()
+    print("dualpipe 4-worker jobs (seconds on rank 0): " + ", ".join(
+        f"{name} {secs}" for name, (_, secs) in zip(W4_JOBS, done[0])))
+    assert [[code for code, _ in rank] for rank in done] == [[0] * len(W4_JOBS)] * 4
+    runs["p1_b8_jit"] = os.path.join(os.path.dirname(runs["p1_jit"]), "p1_b8_jit")
+    assert run_mindformer.main(args(runs["tiny"], runs["p1_b8_jit"], "--mode", 0, "--runner_config.batch_size", 8,
+                                    "--runner_config.gradient_accumulation_steps", 4, *SHORT, *NO_CHECKPOINTS)) == 0
+    return runs
+
+
+@pytest.mark.parametrize("name", list(W4_JOBS))
+def test_dualpipe_with_dp_or_tp_matches_one_process(runs4, name):
+    reference = runs4[W4_JOBS[name][2]]
+    assert [r["step"] for r in records(runs4[name])] == list(range(1, STEPS + 1))
+    for key in ("loss", "grad_norm"):
+        assert_close([r[key] for r in records(runs4[name])], [r[key] for r in records(reference)])
 
 
 def test_dualpipe_checkpoint_holds_the_one_chain_model(runs):
