@@ -14,11 +14,17 @@ Reports per (model, ranks):
     the buffers the CPU emulation moves (variable: P x the largest send total rows, all-gathered;
     padded: P x the (E, C, h) buffer, all-reduced), and one PyNative step's time on each path;
   * the experts' load over the timed steps: tokens per expert (first MoE layer), min / max over all
-    MoE layers.
+    MoE layers;
+  * under ms.jit both paths on the same model: the graph-mode variable path (jit's default for dropless
+    routing) and the padded one (``jit_variable = False``): step time after compile, the first call
+    (compile + one step), and for the variable path the off-rank bytes its graph recorded in one step
+    (forward rows, x 2 for the backward's mirrored exchanges) against the analytic count from the count
+    matrices it recorded; the padded path's bytes are analytic (its shapes are static), as are both CPU
+    emulation buffers (variable: 4 exchanges of P x N k rows per layer; padded: 4 of P x E C rows).
 
-Prints a table and writes bench/results/moe.json.
+Prints two tables and writes bench/results/moe.json.
 
-    python bench/moe.py [--ranks 1 2 4] [--steps 3] [--pynative_steps 1]
+    python bench/moe.py [--ranks 1 2 4] [--steps 3] [--pynative_steps 1] [--cases dense moe] [--no_pynative]
 """
 import argparse
 import json
@@ -37,16 +43,24 @@ SIZES = dict(h=256, layers=4, heads=4, vocab=4096, seq=128, experts=8, topk=2, e
 BATCH = 8
 
 
+def ranks_buffer(ep, local_tokens, itemsize=4):
+    """Bytes the CPU emulation of the padded exchange all-reduces per rank and step: 4 exchanges per MoE layer,
+    each P x the (E, C, h) buffer (C = the rank's tokens, dropless)."""
+    return SIZES["layers"] * 4 * ep * SIZES["experts"] * local_tokens * SIZES["h"] * itemsize
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--pynative_steps", type=int, default=1, help="timed PyNative steps per all-to-all path")
+    ap.add_argument("--cases", nargs="+", default=["dense", "moe"], choices=["dense", "moe"])
+    ap.add_argument("--no_pynative", action="store_true", help="skip the counted PyNative steps (jit rows only)")
     args = ap.parse_args()
     rows = []
     for n in args.ranks:
-        kwargs = dict(cases=["dense", "moe"], batch=BATCH, steps=args.steps, pynative_steps=args.pynative_steps,
-                      **SIZES)
+        kwargs = dict(cases=args.cases, batch=BATCH, steps=args.steps, pynative_steps=args.pynative_steps,
+                      pynative=not args.no_pynative, **SIZES)
         if n == 1:
             from bench.moe_body import run
             from mindformers_core.distributed import init_distributed
@@ -55,7 +69,7 @@ def main():
         else:
             res = run_msrun("bench.moe_body:run", n, kwargs=kwargs, timeout=3000)
         tokens = BATCH * SIZES["seq"]
-        for kind in ("dense", "moe"):
+        for kind in args.cases:
             per = [r[kind] for r in res]
             local = BATCH // n * SIZES["seq"]
             split = kind == "moe" and n > 1
@@ -65,7 +79,10 @@ def main():
             a2a = [p["a2a"] for p in per]
 
             def most(path, key):
-                return max(a[path][key] for a in a2a) if split else 0
+                return max(a[path][key] for a in a2a) if split and a2a[0] else 0
+
+            def jit_most(path, key):
+                return max(p["jit"][path][key] for p in per) if split else 0
             rows.append({"model": kind, "ranks": n, "ep": n if kind == "moe" else 1,
                          "step_s": max(p["step_s"] for p in per),
                          "tokens_per_s": tokens / max(p["step_s"] for p in per), "loss": per[0]["loss"],
@@ -77,7 +94,17 @@ def main():
                          "variable_emulated_buffer": most("variable", "variable_buffer"),
                          "padded_bytes": most("padded", "padded"), "padded_analytic": padded_analytic,
                          "padded_emulated_buffer": most("padded", "padded_buffer"),
-                         "counts_rank0": a2a[0]["variable"]["counts"] if split else [],
+                         "counts_rank0": a2a[0]["variable"]["counts"] if split and a2a[0] else [],
+                         # jit: graph-mode variable path (the default) vs the padded one on the same model
+                         "jit_variable_s": jit_most("variable", "step_s"), "jit_padded_s": jit_most("padded", "step_s"),
+                         "jit_variable_first_s": jit_most("variable", "first_call_s"),
+                         "jit_padded_first_s": jit_most("padded", "first_call_s"),
+                         "jit_variable_bytes": jit_most("variable", "counted"),
+                         "jit_variable_analytic": jit_most("variable", "analytic"),
+                         "jit_variable_emulated_buffer": jit_most("variable", "buffer"),
+                         "jit_padded_analytic": padded_analytic,
+                         "jit_padded_emulated_buffer": ranks_buffer(n, local) if split else 0,
+                         "jit_counts_rank0": per[0]["jit"]["variable"]["counts"] if split else [],
                          "load_layer0": load[0] if load else [],
                          "load_min": min(min(l) for l in load) if load else None,
                          "load_max": max(max(l) for l in load) if load else None})
@@ -92,6 +119,16 @@ def main():
               f"{r['variable_bytes']:>11,} {r['variable_analytic']:>11,} {r['padded_bytes']:>11,} "
               f"{r['padded_analytic']:>11,} {r['variable_emulated_buffer']:>12,} {r['padded_emulated_buffer']:>12,}"
               f"  {load}")
+    print("\njit, graph-mode variable path vs padded (same model; step s after compile, first call = compile + 1 step;"
+          " bytes per rank and step, off-rank, 4 MoE layers)")
+    print(f"{'ranks':>5} {'var s':>7} {'pad s':>7} {'var 1st':>8} {'pad 1st':>8} {'var B counted':>14} {'analytic':>11} "
+          f"{'pad B analytic':>14} {'var emul. B':>12} {'pad emul. B':>12}")
+    for r in rows:
+        if r["model"] == "moe" and r["ranks"] > 1:
+            print(f"{r['ranks']:>5} {r['jit_variable_s']:>7.3f} {r['jit_padded_s']:>7.3f} {r['jit_variable_first_s']:>8.2f} "
+                  f"{r['jit_padded_first_s']:>8.2f} {r['jit_variable_bytes']:>14,} {r['jit_variable_analytic']:>11,} "
+                  f"{r['jit_padded_analytic']:>14,} {r['jit_variable_emulated_buffer']:>12,} "
+                  f"{r['jit_padded_emulated_buffer']:>12,}")
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "moe.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -80,7 +80,8 @@ def config(kind, dp, ep, h, layers, heads, vocab, seq, experts, topk, expert_ffn
                              **common)
 
 
-def run(cases, batch, steps, h, layers, heads, vocab, seq, experts, topk, expert_ffn, pynative_steps=1):
+def run(cases, batch, steps, h, layers, heads, vocab, seq, experts, topk, expert_ffn, pynative_steps=1,
+        pynative=True):
     env = get_env()
     rank, world = env.rank, env.world_size
     out = {}
@@ -100,40 +101,74 @@ def run(cases, batch, steps, h, layers, heads, vocab, seq, experts, topk, expert
         reducer = GradientReducer(params)
         grad_fn = ms.value_and_grad(model, None, params)
 
-        def step(a, b):
-            loss, grads = grad_fn(a, b)
-            opt(reducer(grads))
-            return loss
+        def make_step():        # a new function per jit path: ms.jit traces it anew (jit_variable is read then)
+            def step(a, b):
+                loss, grads = grad_fn(a, b)
+                opt(reducer(grads))
+                return loss
+            return step
 
+        step = make_step()
         kernels = [c for _, c in model.cells_and_names() if isinstance(c, ExpertParallelExperts)]
         counted = {}
-        restore = _instrument()                         # PyNative steps: count the all-to-all payload
+        if pynative:
+            restore = _instrument()                     # PyNative steps: count the all-to-all payload
+            for path in (("variable", "padded") if kernels else ("dense",)):
+                for k in kernels:
+                    k.variable = path == "variable"
+                _reset()
+                step(ids, labels).asnumpy()             # counted (and warm)
+                counted[path] = dict(_COUNT)
+                if path == "variable":
+                    counted[path]["analytic"] = _variable_analytic(kernels, kernels[0].index, h)
+                    counted[path]["counts"] = [k.last_counts.tolist() for k in kernels]
+                t0 = time.perf_counter()
+                for _ in range(pynative_steps):
+                    step(ids, labels).asnumpy()
+                counted[path]["pynative_step_s"] = (time.perf_counter() - t0) / max(pynative_steps, 1)
+            for k in kernels:
+                k.variable = True
+            restore()
+        jit = {}
         for path in (("variable", "padded") if kernels else ("dense",)):
             for k in kernels:
-                k.variable = path == "variable"
-            _reset()
-            step(ids, labels).asnumpy()                 # counted (and warm)
-            counted[path] = dict(_COUNT)
-            if path == "variable":
-                counted[path]["analytic"] = _variable_analytic(kernels, kernels[0].index, h)
-                counted[path]["counts"] = [k.last_counts.tolist() for k in kernels]
+                k.jit_variable = path == "variable"
+                k.reset_graph_counts()
+            for _, r in routers_of(model):
+                r.tokens_per_expert.set_data(Tensor(np.zeros(r.num_experts, np.float32)))
+            jitted = ms.jit(make_step())
             t0 = time.perf_counter()
-            for _ in range(pynative_steps):
-                step(ids, labels).asnumpy()
-            counted[path]["pynative_step_s"] = (time.perf_counter() - t0) / max(pynative_steps, 1)
-        for k in kernels:
-            k.variable = True
-        restore()
-        for _, r in routers_of(model):
-            r.tokens_per_expert.set_data(Tensor(np.zeros(r.num_experts, np.float32)))
-        jitted = ms.jit(step)
-        jitted(ids, labels).asnumpy()                   # compile
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            loss = jitted(ids, labels)
-        loss = float(loss.asnumpy())
-        dt = (time.perf_counter() - t0) / steps
-        load = [r.tokens_per_expert.asnumpy().tolist() for _, r in routers_of(model)]
-        out[kind] = {"step_s": dt, "loss": loss, "a2a": counted, "load": load,
-                     "params": int(sum(p.size for p in params))}
+            jitted(ids, labels).asnumpy()               # compile + one step
+            first = time.perf_counter() - t0
+            row = {"first_call_s": first}
+            if path == "variable":
+                # what the graph recorded in that one step: each layer's count matrix and its forward off-rank
+                # rows (dispatch + combine); the backward moves the same rows back (the exchanges' adjoints)
+                recs = [k.graph_counts() for k in kernels]
+                row["counted"] = sum(2 * w["sent_rows"] for _, w in recs) * h * 4
+                row["analytic"] = _analytic_from(recs, kernels[0].index, h)
+                row["buffer"] = sum(2 * w["buffer_rows"] for _, w in recs) * h * 4
+                row["counts"] = [c.tolist() for c, _ in recs]
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                loss = jitted(ids, labels)
+            loss = float(loss.asnumpy())
+            row["step_s"] = (time.perf_counter() - t0) / steps
+            row["loss"] = loss
+            row["load"] = [r.tokens_per_expert.asnumpy().tolist() for _, r in routers_of(model)]
+            jit[path] = row
+        main = jit["variable" if kernels else "dense"]
+        out[kind] = {"step_s": main["step_s"], "loss": main["loss"], "a2a": counted, "load": main["load"],
+                     "jit": jit, "params": int(sum(p.size for p in params))}
     return out
+
+
+def _analytic_from(records, rank_in_group, h, itemsize=4):
+    """Off-rank bytes of one step from the count matrices the graph path recorded (as _variable_analytic)."""
+    total = 0
+    for c, _ in records:
+        P = c.shape[0]
+        m = c.reshape(P, P, -1).sum(2)
+        me = rank_in_group
+        total += 2 * (m[me].sum() - m[me, me] + m[:, me].sum() - m[me, me]) * h * itemsize
+    return int(total)
