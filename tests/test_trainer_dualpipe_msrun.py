@@ -2,9 +2,10 @@
 against one process of the same model, data and seed taking the batch in the same 4 slices (gradient
 accumulation: the pipeline's microbatches), relative 1e-5 every step.
 
-One batched job on 2 workers (pp2; ``tests/msrun_batch.py``) runs ``run_mindformer.main`` three times in the
-same processes: DualPipe in PyNative (a checkpoint every step), DualPipe under jit, and DualPipe resuming the
-one-process run's step-1 checkpoint. Rank r holds model stage r (the down copy) and a second copy of model
+One batched job on 2 workers (pp2; ``tests/msrun_batch.py``) runs ``run_mindformer.main`` in turn in the
+same processes: DualPipe in PyNative (a checkpoint every step), DualPipe under jit, DualPipe resuming the
+one-process run's step-1 checkpoint, DualPipe with every layer recomputed, and 1F1B and DualPipeV resuming
+the DualPipe run's step-1 checkpoint. Rank r holds model stage r (the down copy) and a second copy of model
 stage 1-r (the up copy), so each rank holds the embedding and the head once; 4 microbatches, the first two
 down the pipeline, the last two up.
 
@@ -36,6 +37,12 @@ DUALPIPE = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--
 # 5.9882 at step 1, for 1F1B with micro_batch_num 4 as for DualPipe)
 ONE = ["--runner_config.gradient_accumulation_steps", 4]
 RESUME = ["--resume_training", "True", *SHORT, *EVERY_STEP]
+PIPELINE = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 4]
+# the DualPipe step-1 checkpoint resumed by the other pipeline schedules (same 4 microbatches)
+FROM_DUALPIPE = {"pp2_1f1b_from_dualpipe": [],
+                 "pp2_dualpipev_from_dualpipe": ["--parallel.pipeline_config.pipeline_scheduler", "dualpipev",
+                                                 "--parallel.pipeline_config.pipeline_interleave", 2,
+                                                 "--parallel.pipeline_config.layers_per_stage", "[0, 1, 1, 0]"]}
 ASSETS = os.path.join(tempfile.gettempdir(), f"mfc_dualpipe_trainer_{os.getpid()}")
 _RUNS = {}
 
@@ -50,13 +57,17 @@ def _kwargs():
     tiny = build_assets(ASSETS)
     root = tempfile.mkdtemp(prefix="mfc_dualpipe_trainer_")
     out = {k: os.path.join(root, k) for k in ("p1_pynative", "p1_jit", "p1_resumed", "pp2_pynative", "pp2_jit",
-                                              "pp2_resumed")}
+                                              "pp2_resumed", "pp2_recompute", *FROM_DUALPIPE)}
     _RUNS.update(out, tiny=tiny)
     assert run_mindformer.main(args(tiny, out["p1_pynative"], "--mode", 1, *ONE, *SHORT, *EVERY_STEP)) == 0
     return {"argvs": [args(tiny, out["pp2_pynative"], "--mode", 1, *SHORT, *DUALPIPE, *EVERY_STEP),
                       args(tiny, out["pp2_jit"], "--mode", 0, *SHORT, *DUALPIPE, *NO_CHECKPOINTS),
                       args(tiny, out["pp2_resumed"], "--mode", 1, *DUALPIPE, "--load_checkpoint",
-                           _step(out["p1_pynative"]), *RESUME)]}
+                           _step(out["p1_pynative"]), *RESUME),
+                      args(tiny, out["pp2_recompute"], "--mode", 1, *SHORT, *DUALPIPE, "--recompute_config.recompute",
+                           "True", *NO_CHECKPOINTS)]
+            + [args(tiny, out[name], "--mode", 1, *PIPELINE, *flags, "--load_checkpoint", _step(out["pp2_pynative"]),
+                    *RESUME) for name, flags in FROM_DUALPIPE.items()]}
 
 
 PP2 = job("trainer_dualpipe_pp2", 2, "tests.test_trainer_msrun:run_many", _kwargs, timeout=600, group=__name__)
@@ -84,8 +95,9 @@ W4 = job("trainer_dualpipe_w4", 4, "tests.test_trainer_msrun:run_many", _kwargs4
 def runs():
     done = PP2.results()
     print("dualpipe pp2 jobs (seconds on rank 0): " + ", ".join(
-        f"{name} {secs}" for name, (_, secs) in zip(["pynative", "jit", "resumed"], done[0])))
-    assert [[code for code, _ in rank] for rank in done] == [[0, 0, 0]] * 2
+        f"{name} {secs}" for name, (_, secs) in zip(["pynative", "jit", "resumed", "recompute", *FROM_DUALPIPE],
+                                                    done[0])))
+    assert [[code for code, _ in rank] for rank in done] == [[0] * (4 + len(FROM_DUALPIPE))] * 2
     tiny = _RUNS["tiny"]
     assert run_mindformer.main(args(tiny, _RUNS["p1_jit"], "--mode", 0, *ONE, *SHORT, *NO_CHECKPOINTS)) == 0
     # the DualPipe run's step-1 checkpoint resumed on one process
@@ -153,3 +165,14 @@ def test_dualpipe_checkpoint_resumes_on_one_process(runs):
 def test_one_process_checkpoint_resumes_in_dualpipe(runs):
     """Loading fills both copies of every model stage (weights and AdamW moments by name)."""
     assert_resumed(runs["pp2_resumed"], runs["p1_pynative"])
+
+
+@pytest.mark.parametrize("name", list(FROM_DUALPIPE))
+def test_dualpipe_checkpoint_resumes_in_1f1b_and_dualpipev(runs, name):
+    """The one-chain names load into one copy per stage (1F1B) and into DualPipeV's V of 4 stages."""
+    assert_resumed(runs[name], runs["pp2_pynative"])
+
+
+def test_dualpipe_with_recompute_matches_one_process(runs):
+    """recompute_config.recompute on both copies of every stage (PyNative: each stage recomputes as a whole)."""
+    assert_close(losses(runs["pp2_recompute"]), losses(runs["p1_pynative"]))
