@@ -242,8 +242,9 @@ class ExpertParallelExperts(CommCell):
         place = ops.concat(places, 0) if L > 1 else places[0]
         # every row goes back to its place in the all-gathered layout: (source, its expert-sorted row); each
         # place is written by exactly one rank (its expert's), so the sum over ranks is a reduce-scatter
-        buf = ops.tensor_scatter_update(ops.zeros((P * R + 1, h), out.dtype), place.reshape(-1, 1), out)
-        back = self.sum_rows(ops.narrow(buf, 0, 0, P * R))                      # (P * R, h)
+        wire = ms.float32 if out.dtype == ms.bfloat16 else out.dtype   # CPU TensorScatterUpdate has no bfloat16
+        buf = ops.tensor_scatter_update(ops.zeros((P * R + 1, h), wire), place.reshape(-1, 1), out.astype(wire))
+        back = self.sum_rows(ops.narrow(buf, 0, 0, P * R)).astype(out.dtype)   # (P * R, h)
         mine = ops.gather(back, ops.arange(0, R, 1, dtype=ms.int32) + me * R, 0)   # my rows, by expert
         y = ops.gather(mine, slot, 0).reshape(n, k, h)                          # token-major
         y = (y * ops.expand_dims(weights.reshape(n, k).astype(y.dtype), -1)).sum(1)
@@ -307,8 +308,8 @@ def expert_of_sorted_rows(matrix, rows: int):
     ``rows`` places hold its rows sorted by expert, padded with places past its count (expert ``E``: nobody's).
     Returns (P * rows,) int32."""
     ends = ops.cumsum(matrix, 1)                                            # (P, E) end of each expert's rows
-    place = ops.arange(0, rows, 1, dtype=ms.int32).reshape(1, rows, 1)
-    return (place >= ops.expand_dims(ends, 1)).astype(ms.int32).sum(2).reshape(-1)
+    place = ops.broadcast_to(ops.arange(0, rows, 1, dtype=ms.int32).reshape(1, rows), (matrix.shape[0], rows))
+    return ops.searchsorted(ends, place, right=True).astype(ms.int32).reshape(-1)   # experts ending at or before
 
 
 def routed_plan(expert_of_row, topk: int, counts, me: int, local_experts: int) -> dict:
