@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.msrun_batch import job
-from tests.bodies.moe_body import BATCH, SEQ, reference
+from tests.bodies.moe_body import BATCH, SEQ, STEPS, reference
 from tests.test_gpt_tp_msrun import _check, _merge
 
 pytestmark = pytest.mark.msrun
@@ -103,6 +103,14 @@ def _uneven_variable_path(results, name, ep, dp, modes=("pynative", "jit")):
             per_dest = c.reshape(ep, ep, -1).sum(2)
             assert len(set(c.reshape(-1).tolist())) > 1 and len(set(per_dest.reshape(-1).tolist())) > 1, c
             seen.append(c)
+            if mode == "jit":
+                # the graph's forward wire rows over the STEPS steps: 2 emulated exchanges of P x N k rows per
+                # forward; the off-rank rows it sent include at least the last step's (from its count matrix)
+                rows = (BATCH_TOKENS // dp) * 2
+                assert counts[0]["buffer_rows"] == STEPS * 2 * ep * rows, counts[0]
+                if ep == len(results):              # the ep group is the world: this rank is ep index `rank`
+                    last = per_dest[rank].sum() + per_dest[:, rank].sum() - 2 * per_dest[rank, rank]
+                    assert 0 < last <= counts[0]["sent_rows"] <= STEPS * 2 * rows, (counts[0], per_dest)
         for c in seen[1:]:
             np.testing.assert_array_equal(c, seen[0])
 
