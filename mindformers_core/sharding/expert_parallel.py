@@ -248,10 +248,10 @@ class ExpertParallelExperts(CommCell):
         mine = ops.gather(back, ops.arange(0, R, 1, dtype=ms.int32) + me * R, 0)   # my rows, by expert
         y = ops.gather(mine, slot, 0).reshape(n, k, h)                          # token-major
         y = (y * ops.expand_dims(weights.reshape(n, k).astype(y.dtype), -1)).sum(1)
-        y = ops.depend(y, self.record(matrix, me, L, R))
+        y = ops.depend(y, self.record(matrix, L, R))
         return y.reshape(x.shape).astype(x.dtype)
 
-    def record(self, matrix, me, L, R):
+    def record(self, matrix, L, R):
         """Store the count matrix and add the forward's wire rows (tests, bench): off-rank rows this rank sent
         in the dispatch (its rows for other ranks' experts) and in the combine (rows of other ranks computed
         here), and the emulated buffers' rows (2 exchanges of P * R rows)."""
