@@ -11,7 +11,13 @@ vocab 1024, global batch 8, AdamW, fp32. Configurations:
 * ``plain``: the same Llama written here in plain MindSpore (``nn.Dense``, ``nn.AdamWeightDecay``, no
   mindformers_core) on one process: the overhead ratio of ``1proc`` against it;  ``plain_clip``: the
   same with ``ops.clip_by_global_norm(grads, 1.0)`` before the update, the clipping the trainer does
-  by default (``runner_config.max_grad_norm: 1.0``), so that both sides do the same job.
+  by default (``runner_config.max_grad_norm: 1.0``), so that both sides do the same job;
+  ``1proc_noclip``: one process without clipping, bad-step guard or gradient norm
+  (``max_grad_norm: 0``, ``use_skip_step_on_nan: False``, ``log_grad_norm: False``): ``plain``'s job
+  (its losses differ from ``1proc``'s, which clips: no parity column);
+* ``1proc_async``, ``dp2_async``, ``tp2_async``, ``pp2_async``: those rows with ``MFC_JIT_BLOCKING=0``,
+  MindSpore's asynchronous graph launch (``mindformers_core/common/graphs.py``; the same in PyNative
+  except for the pipeline's and hsdp's compiled parts).
 
 Per row: the largest relative difference of its losses to ``1proc``'s (same data: parity), the
 median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
@@ -53,8 +59,13 @@ sys.path.insert(0, ROOT)
 HIDDEN, LAYERS, HEADS, FFN, SEQ, VOCAB, GLOBAL_BATCH = 256, 4, 4, 1024, 128, 1024, 8
 PAR = ["--use_parallel", "True"]
 PP2 = PAR + ["--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 4]
+# one process doing plain MindSpore's job: no clipping, no bad-step guard, no gradient norm computed
+NOCLIP = ["--runner_config.max_grad_norm", 0, "--runner_config.use_skip_step_on_nan", "False",
+          "--runner_config.log_grad_norm", "False"]
+OVERHEAD = (("1proc", "plain"), ("1proc", "plain_clip"), ("1proc_noclip", "plain"))   # the same job each
 CONFIGS = {   # name -> (workers, flags)
     "1proc": (1, []),
+    "1proc_noclip": (1, NOCLIP),
     "dp2": (2, PAR + ["--parallel_config.data_parallel", 2]),
     "tp2": (2, PAR + ["--parallel_config.model_parallel", 2]),
     "pp2": (2, PP2),
@@ -64,6 +75,10 @@ CONFIGS = {   # name -> (workers, flags)
     "plain": (1, None),
     "plain_clip": (1, None),
 }
+# the same rows with MindSpore's asynchronous graph launch (MFC_JIT_BLOCKING=0, common/graphs.py): jit only
+ASYNC = "_async"
+for _name in ("1proc", "dp2", "tp2", "pp2"):
+    CONFIGS[_name + ASYNC] = CONFIGS[_name]
 PLAIN = ("plain", "plain_clip")   # the plain-MindSpore rows (no mindformers_core): without / with clipping
 DP = {"dp2": 2, "dp2tp2": 2}
 MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microbatch (MindFormers)
@@ -71,6 +86,7 @@ MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microb
 
 def rows_per_microbatch(name: str) -> int:
     """batch_size for a global batch of GLOBAL_BATCH rows: global = batch_size x dp x micro_batch_num."""
+    name = name[:-len(ASYNC)] if name.endswith(ASYNC) else name
     return GLOBAL_BATCH // (DP.get(name, 1) * MICRO.get(name, 1))
 
 
@@ -193,6 +209,9 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
         env["MFC_PIPELINE_SYNC_TRANSFERS"] = "1"
     if recompute:
         env["MFC_PIPELINE_RECOMPUTE"] = "1"
+    env.pop("MFC_JIT_BLOCKING", None)
+    if name.endswith(ASYNC):
+        env["MFC_JIT_BLOCKING"] = "0"
     prefix = os.path.join(out_dir, "pipeline_trace")
     if trace:
         env["MFC_PIPELINE_TRACE"] = prefix
@@ -431,10 +450,10 @@ def print_table(rows):
     base = {r["mode"]: r["median_s"] for r in rows if r["config"] == "1proc"}
     ref = {r["mode"]: r["losses"] for r in rows if r["config"] == "1proc"}
     for r in rows:   # parity: the same global batch gives the same losses as one process
-        if r.get("losses") and r["mode"] in ref and r["config"] != "1proc":
+        if r.get("losses") and r["mode"] in ref and r["config"] not in ("1proc", "1proc_noclip"):
             r["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref[r["mode"]]))
-    plain = {(r["config"], r["mode"]): r["median_s"] for r in rows if r["config"] in PLAIN}
-    head = (f"{'config':<9}{'mode':<9}{'ranks':>6}{'s/step':>8}{'vs 1proc':>9}{'tokens/s':>9}{'loss diff':>10}  "
+    meds = {(r["config"], r["mode"]): r["median_s"] for r in rows}
+    head = (f"{'config':<13}{'mode':<9}{'ranks':>6}{'s/step':>8}{'vs 1proc':>9}{'tokens/s':>9}{'loss diff':>10}  "
             f"{'peak RSS MB per rank':<26}step times (s)")
     print(head)
     print("-" * (len(head) + 20))
@@ -444,30 +463,30 @@ def print_table(rows):
         rss = " ".join(f"{v:.0f}" for v in r["peak_rss_mb"].values())
         steps = " ".join(f"{t:.2f}" for t in r["step_times"])
         diff = f"{r['max_rel_loss_diff']:.0e}" if "max_rel_loss_diff" in r else "-"
-        print(f"{r['config']:<9}{r['mode']:<9}{r['workers']:>6}{r['median_s']:>8.3f}{ratio:>8.2f}x{r['tokens_per_s']:>9.0f}"
+        print(f"{r['config']:<13}{r['mode']:<9}{r['workers']:>6}{r['median_s']:>8.3f}{ratio:>8.2f}x{r['tokens_per_s']:>9.0f}"
               f"{diff:>10}  {rss:<26}{steps}")
-    for mode in base:
-        for name in PLAIN:
-            if (name, mode) in plain:
-                print(f"overhead {mode}: 1proc / {name} MindSpore = {base[mode] / plain[(name, mode)]:.2f}x")
+    for mode in sorted({r["mode"] for r in rows}):
+        for ours, name in OVERHEAD:
+            if (ours, mode) in meds and (name, mode) in meds:
+                print(f"overhead {mode}: {ours} / {name} MindSpore = {meds[(ours, mode)] / meds[(name, mode)]:.2f}x")
     pp = [r for r in rows if r.get("breakdown_s")]
     if pp:
         print()
         print("pipeline step breakdown (median over timed steps, ms; transfer = both ranks in the transfer, wait = "
               "for the peer to get there, python = inside the schedule run between steps, outside = the rest of the "
               "step: optimizer, loss sharing, data, logging)")
-        head = f"{'config':<9}{'mode':<9}{'rank':>5}{'step':>8}{'forward':>9}{'backward':>9}{'transfer':>9}{'wait':>8}{'python':>8}{'outside':>8}"
+        head = f"{'config':<13}{'mode':<9}{'rank':>5}{'step':>8}{'forward':>9}{'backward':>9}{'transfer':>9}{'wait':>8}{'python':>8}{'outside':>8}"
         print(head)
         print("-" * len(head))
         for r in pp:
             if "timeline_bubble" in r:
-                print(f"{r['config']:<9}{r['mode']:<9} bubble of the last recorded step: measured "
+                print(f"{r['config']:<13}{r['mode']:<9} bubble of the last recorded step: measured "
                       f"{r['timeline_bubble']:.3f}, simulator with its mean step costs {r['simulated_bubble']:.3f}, "
                       f"replayed with each step's time {r.get('replay_steps_bubble', float('nan')):.3f}, and each "
                       f"transfer's {r.get('replay_p2p_bubble', float('nan')):.3f}; "
                       f"timeline {os.path.relpath(r['timeline_svg'], ROOT)}")
             for rank, b in r["breakdown_s"].items():
-                print(f"{r['config']:<9}{r['mode']:<9}{rank:>5}{r['median_s'] * 1e3:>8.0f}{b['forward'] * 1e3:>9.0f}"
+                print(f"{r['config']:<13}{r['mode']:<9}{rank:>5}{r['median_s'] * 1e3:>8.0f}{b['forward'] * 1e3:>9.0f}"
                       f"{b['backward'] * 1e3:>9.0f}{b['transfer'] * 1e3:>9.0f}{b['wait'] * 1e3:>8.0f}"
                       f"{b['python'] * 1e3:>8.0f}{b['outside'] * 1e3:>8.0f}")
 
@@ -545,11 +564,11 @@ def summary_rows(rows):
 def print_summary(summary):
     print()
     print("over the repeats: median of the per-run medians [min-max], ratio to 1proc of the same run")
-    head = f"{'config':<9}{'mode':<9}{'runs':>5}{'s/step':>8}  {'min-max':<13}{'ratio':>7}  {'min-max':<12}{'loss diff':>10}"
+    head = f"{'config':<13}{'mode':<9}{'runs':>5}{'s/step':>8}  {'min-max':<13}{'ratio':>7}  {'min-max':<12}{'loss diff':>10}"
     print(head)
     print("-" * len(head))
     for r in summary:
-        print(f"{r['config']:<9}{r['mode']:<9}{r['runs']:>5}{r['median_s']:>8.3f}  "
+        print(f"{r['config']:<13}{r['mode']:<9}{r['runs']:>5}{r['median_s']:>8.3f}  "
               f"{r['min_s']:.3f}-{r['max_s']:.3f}  {r['ratio']:>6.2f}x  {r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
               f"{r['max_rel_loss_diff']:>12.0e}")
     for r in summary:
@@ -559,11 +578,11 @@ def print_summary(summary):
                   f"{fmt(r['simulated_bubble'])}, replayed steps {fmt(r.get('replay_steps_bubble', []))}, "
                   f"+ transfers {fmt(r.get('replay_p2p_bubble', []))}")
     for mode in sorted({r["mode"] for r in summary}):
-        one = next((r for r in summary if r["config"] == "1proc" and r["mode"] == mode), None)
-        for name in PLAIN:
+        for ours, name in OVERHEAD:
+            one = next((r for r in summary if r["config"] == ours and r["mode"] == mode), None)
             plain = next((r for r in summary if r["config"] == name and r["mode"] == mode), None)
             if one and plain:
-                print(f"overhead {mode}: 1proc / {name} MindSpore = {one['median_s'] / plain['median_s']:.2f}x "
+                print(f"overhead {mode}: {ours} / {name} MindSpore = {one['median_s'] / plain['median_s']:.2f}x "
                       f"(per run {one['min_s'] / plain['max_s']:.2f}-{one['max_s'] / plain['min_s']:.2f})")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
 
+from ..common.graphs import compile_blocking
 from ..distributed.env import get_env
 from ..distributed.process_group import new_group
 from ..sharding.annotations import is_sharded_parameter, layout_of
@@ -501,7 +502,7 @@ class TrainStep:
             return reduce_and_update(grads, loss)
 
         if self.mode == "jit":
-            return ms.jit(micro_step), ms.jit(full_step)
+            return compile_blocking(micro_step), compile_blocking(full_step)
         return micro_step, full_step
 
     def _build_per_unit(self, n: int, reduce_and_update):
@@ -512,8 +513,8 @@ class TrainStep:
 
         def add(grads, loss):
             return accumulate(grads, loss)
-        finish = ms.jit(finish) if jit else finish
-        add = ms.jit(add) if (jit and accumulate is not None) else add
+        finish = compile_blocking(finish) if jit else finish
+        add = compile_blocking(add) if (jit and accumulate is not None) else add
 
         def gradients(args):
             units.reset_peak()

@@ -31,6 +31,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
+from ..common.graphs import compile_blocking
 from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
 from ..sharding.annotations import is_sharded_parameter
@@ -238,7 +239,7 @@ class PipelineTrainStep:
             shards = updater(grads, guard(norm) if guard is not None else None)
             return loss, shards, norm
 
-        self.fn = ms.jit(reduce_and_update) if mode == "jit" else reduce_and_update
+        self.fn = compile_blocking(reduce_and_update) if mode == "jit" else reduce_and_update
 
     def __call__(self, inputs=None, labels=None, config=None):
         wrapped = self.wrapped

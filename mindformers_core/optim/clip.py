@@ -17,6 +17,7 @@ weights from parameters' layouts (``sharding.annotations.layout_of``). Groups mu
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import mindspore as ms
@@ -66,6 +67,8 @@ class ClipGradNorm(nn.Cell):
 
     def construct(self, grads):
         total = self.norm(grads)
+        if self.max_norm == math.inf:   # no clipping: the norm is a side output, the update does not wait for it
+            return grads, total
         coef = ops.minimum(self.max_norm / (total + self.eps), ops.ones_like(total))
         out = ()
         for i in range(len(grads)):     # coef is float32: cast only for other gradient dtypes

@@ -58,6 +58,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindspore.common.api import _pynative_executor
 from mindspore.ops.composite.base import _Grad
 
+from ..common.graphs import compile_blocking
 from ..distributed import comm
 from ..distributed.env import get_env
 from ..common.rng import rng_restore, rng_snapshot
@@ -328,8 +329,10 @@ class PipelineStage:
 
             def compiled(*args):
                 return inner(*args[:len(args) - n])
+            # a tape is differentiated by PyNative: its outputs stay as they are; the others launch
+            # in this thread (common/graphs.py: MindSpore's asynchronous launch waits by spinning)
             jitted = ms.jit(compiled, capture_mode="bytecode") if kind == "tape" and _bytecode_capture() \
-                else ms.jit(compiled)
+                else ms.jit(compiled) if kind == "tape" else compile_blocking(compiled)
 
             def out(*args):
                 return jitted(*args, *params)

@@ -22,6 +22,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 import mindspore as ms
 
+from ..common.graphs import compile_blocking
 from ..optim import AdamW, ClipGradNorm, StepGuard, build_lr_schedule, replication_weights
 from ..pipeline.schedules import build_schedule
 from ..sharding.parallelizer import GradientReducer
@@ -202,9 +203,9 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
             def eager_step(ids, labels):
                 loss, grads = grad_fn(ids, labels)
                 return loss, eager_update(grads)
-            return TrainStep(ms.jit(step) if shape.jit else eager_step, optimizer, lr, None, guard, poison)
-        grads_of = ms.jit(grad_fn) if shape.jit else grad_fn
-    update_fn = ms.jit(update) if shape.jit else eager_update
+            return TrainStep(compile_blocking(step) if shape.jit else eager_step, optimizer, lr, None, guard, poison)
+        grads_of = compile_blocking(grad_fn) if shape.jit else grad_fn
+    update_fn = compile_blocking(update) if shape.jit else eager_update
 
     def accumulating_step(ids, labels):
         total, summed = 0.0, None

@@ -1,0 +1,41 @@
+"""common/graphs.py: compile_blocking gives ms.jit's results with the launch in the calling thread."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindformers_core.common.graphs import BLOCKING_ENV, blocking_launch_enabled, compile_blocking
+
+
+def test_switch_reads_the_environment_and_names_bad_values():
+    assert blocking_launch_enabled({}) and blocking_launch_enabled({BLOCKING_ENV: "1"})
+    assert not blocking_launch_enabled({BLOCKING_ENV: "0"})
+    with pytest.raises(ValueError, match=r"MFC_JIT_BLOCKING='yes'.*must be 0"):
+        blocking_launch_enabled({BLOCKING_ENV: "yes"})
+
+
+@pytest.mark.parametrize("blocking", ["1", "0"])
+def test_same_outputs_and_side_effects_as_ms_jit(monkeypatch, blocking):
+    """A training-step shape: value_and_grad, an in-graph parameter update, nested tuple outputs."""
+    monkeypatch.setenv(BLOCKING_ENV, blocking)
+    net = nn.Dense(4, 3)
+    w0 = net.weight.asnumpy().copy()
+
+    def objective(x):
+        return (net(x) ** 2).sum()
+    grad_fn = ms.value_and_grad(objective, None, net.trainable_params())
+
+    def step(x):
+        loss, grads = grad_fn(x)
+        ops.assign(net.weight, net.weight - 0.1 * grads[0])
+        return loss, (grads[0], grads[1] * 2)
+
+    x = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4))
+    fn = compile_blocking(step)
+    loss, (gw, gb2) = fn(x)
+    y = x.asnumpy() @ w0.T + net.bias.asnumpy()
+    np.testing.assert_allclose(loss.asnumpy(), (y ** 2).sum(), rtol=1e-6)
+    np.testing.assert_allclose(gw.asnumpy(), 2 * y.T @ x.asnumpy(), rtol=1e-5)
+    np.testing.assert_allclose(gb2.asnumpy(), 4 * y.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(net.weight.asnumpy(), w0 - 0.1 * gw.asnumpy(), rtol=1e-6)
+    assert getattr(fn, "blocking", False) == (blocking == "1")
