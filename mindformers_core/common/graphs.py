@@ -12,6 +12,10 @@ and 0.19 s system CPU per step, perf putting 30% of all samples in that wait. Th
 ``ms.runtime.launch_blocking()`` did not change it. So the compiled function returns ``(outputs, None)``
 and the wrapper hands back ``outputs``.
 
+Not for graphs whose outputs are held while the same graph runs again with collectives inside: the
+pipeline runtime's per-microbatch graphs with it gave wrong weights in msrun pp2 x dp2 x ep2 under jit
+(pipeline/runtime.py keeps ``ms.jit``).
+
 ``MFC_JIT_BLOCKING=0`` (environment, read when a function is compiled) gives plain ``ms.jit`` (to
 measure the difference; the numbers are the same either way).
 """

@@ -58,7 +58,6 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindspore.common.api import _pynative_executor
 from mindspore.ops.composite.base import _Grad
 
-from ..common.graphs import compile_blocking
 from ..distributed import comm
 from ..distributed.env import get_env
 from ..common.rng import rng_restore, rng_snapshot
@@ -329,10 +328,11 @@ class PipelineStage:
 
             def compiled(*args):
                 return inner(*args[:len(args) - n])
-            # a tape is differentiated by PyNative: its outputs stay as they are; the others launch
-            # in this thread (common/graphs.py: MindSpore's asynchronous launch waits by spinning)
+            # MindSpore's own (asynchronous) launch, not common/graphs.compile_blocking: with it, msrun
+            # pp2 x dp2 x ep2 1F1B under jit (tests/test_moe_pp_msrun.py) ended with the embedding weight
+            # off by 2e-3 to 0.11 between runs (losses equal), and pp2 gained nothing (0.528 vs 0.500 s)
             jitted = ms.jit(compiled, capture_mode="bytecode") if kind == "tape" and _bytecode_capture() \
-                else ms.jit(compiled) if kind == "tape" else compile_blocking(compiled)
+                else ms.jit(compiled)
 
             def out(*args):
                 return jitted(*args, *params)
