@@ -1,7 +1,8 @@
 """The data-parallel gradient all-reduce of bench/trainer.py's Llama alone, on 2 msrun CPU workers, under jit:
 what dp2 pays per step on top of one process (docs/pipeline.md "Measured"). One all-reduce per gradient
-(39 tensors, 4.46M floats), inside one compiled graph, launched in the calling thread (compile_blocking)
-and by MindSpore (ms.jit). Prints the median per call (slowest rank) and writes JSON.
+(39 tensors, 4.72M floats: bench/trainer.py's plain_model), inside one compiled graph, launched in the
+calling thread (compile_blocking) and by MindSpore (ms.jit). Prints the median per call (slowest rank)
+and writes JSON.
 
     python bench/grad_allreduce.py [--repeats 3] [--steps 8]
 """

@@ -10,12 +10,11 @@ from mindformers_core.distributed.comm import kernels as K
 from mindformers_core.distributed.process_group import world_group
 
 
-def llama_grad_shapes(hidden=256, layers=4, ffn=1024, vocab=1024, kv=128):
-    """The gradients of bench/trainer.py's Llama: embedding, per layer 2 norms, q/o, k/v, gate/up/down; final
-    norm and output layer (39 tensors, 4.46M floats at the default sizes)."""
-    per_layer = [(hidden,), (hidden,), (hidden, hidden), (hidden, hidden), (kv, hidden), (kv, hidden),
-                 (ffn, hidden), (ffn, hidden), (hidden, ffn)]
-    return [(vocab, hidden)] + per_layer * layers + [(hidden,), (vocab, hidden)]
+def llama_grad_shapes():
+    """The gradient shapes of bench/trainer.py's Llama (its plain-MindSpore twin has the same parameters:
+    39 tensors, 4.72M floats)."""
+    from bench.trainer import plain_model
+    return [tuple(p.shape) for p in plain_model()[0].trainable_params()]
 
 
 class PerTensorAllReduce(nn.Cell):
