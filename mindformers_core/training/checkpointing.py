@@ -104,15 +104,15 @@ class Checkpointer:
     # ------------------------------------------------------------------ save
     def save(self, step: int, trainer_state: Dict[str, Any]) -> str:
         """Save weights, AdamW moments, this rank's data position and ``trainer_state`` (collective)."""
-        own = [id(p) not in self.copy_ids for p in self.params]     # DualPipe: the down copies only
+        own = [(i, p) for i, p in enumerate(self.params) if id(p) not in self.copy_ids]  # DualPipe: down copies
         if self.wrapped is not None:    # hsdp holds shards of the moments (and of the weights at level3)
             states = self.wrapped.full_optimizer_states(self.optimizer)
-            opt = {"adam_m": {p.name: st[0] for p, st, o in zip(self.params, states, own) if o},
-                   "adam_v": {p.name: st[1] for p, st, o in zip(self.params, states, own) if o}}
+            moments = [(p, states[i][0], states[i][1]) for i, p in own]
         else:
-            opt = {"adam_m": {p.name: m.asnumpy() for p, m, o in zip(self.params, self.optimizer.moment1, own) if o},
-                   "adam_v": {p.name: v.asnumpy() for p, v, o in zip(self.params, self.optimizer.moment2, own) if o}}
-        saved = [p for p, o in zip(self.params, own) if o]
+            opt = self.optimizer
+            moments = [(p, opt.moment1[i].asnumpy(), opt.moment2[i].asnumpy()) for i, p in own]
+        opt = {"adam_m": {p.name: m for p, m, _ in moments}, "adam_v": {p.name: v for p, _, v in moments}}
+        saved = [p for _, p in own]
         with self.full_weights():
             weights = {p.name: p.asnumpy() for p in saved}
         weights.update({p.name: p.asnumpy() for p in self.state_params})     # e.g. the expert bias
