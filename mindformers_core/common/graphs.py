@@ -12,9 +12,14 @@ and 0.19 s system CPU per step, perf putting 30% of all samples in that wait. Th
 ``ms.runtime.launch_blocking()`` did not change it. So the compiled function returns ``(outputs, None)``
 and the wrapper hands back ``outputs``.
 
-Not for graphs whose outputs are held while the same graph runs again with collectives inside: the
-pipeline runtime's per-microbatch graphs with it gave wrong weights in msrun pp2 x dp2 x ep2 under jit
-(pipeline/runtime.py keeps ``ms.jit``).
+Not used for the pipeline runtime's per-microbatch graphs (pipeline/runtime.py keeps ``ms.jit``): with the
+recomputing backward graphs launched this way, msrun pp2 x dp2 x ep2 1F1B under jit with the variable-count
+expert exchange (tests/test_moe_pp_msrun.py) got wrong expert gradients from the second microbatch on, from
+graph inputs bitwise equal to those of MindSpore's launch (up to 84% relative on one rank's w_gate; the
+embedding weight 1.72e-3 off after 2 steps, every run). Right with only the forward graphs launched this
+way, and with the padded exchange; host syncs before every launch did not help. The trainer's own graphs
+(one step graph, or gradient graphs per accumulation micro-step) with ep2 under jit equal PyNative.
+Cause not found (docs/config.md, ``MFC_JIT_BLOCKING``).
 
 ``MFC_JIT_BLOCKING=0`` (environment, read when a function is compiled) gives plain ``ms.jit`` (to
 measure the difference; the numbers are the same either way).
