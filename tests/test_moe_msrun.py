@@ -62,6 +62,20 @@ def _trainer_kwargs():
 
 TRAINER_EP2 = job("moe_trainer_ep2", 2, "tests.bodies.moe_body:run_trainer", _trainer_kwargs, timeout=600,
                   group=__name__)
+ACCUMULATE = ["--runner_config.gradient_accumulation_steps", 2]
+
+
+def _accumulate_kwargs():
+    kwargs = _trainer_kwargs()
+    return {**kwargs, "out_root": tempfile.mkdtemp(prefix="mfc_moe_ep2_acc_"), "argv": kwargs["argv"] + ACCUMULATE,
+            "modes": [0]}
+
+
+# jit with accumulation: the gradient graph (common/graphs.compile_blocking) launched once per micro-step, each
+# micro-step routing other counts through the variable-count exchange (the pattern that goes wrong in the
+# pipeline runtime's backward graphs launched that way: docs/config.md, MFC_JIT_BLOCKING)
+TRAINER_EP2_ACCUMULATE = job("moe_trainer_ep2_accumulate", 2, "tests.bodies.moe_body:run_trainer", _accumulate_kwargs,
+                             timeout=600, group=__name__)
 
 
 # checkpoints across ep sizes: ep1 (one process, written here at launch) -> ep2 (dp4 = edp2 x ep2) -> saved there
@@ -172,6 +186,23 @@ def test_ep4_ep2xdp2_ep2xtp2(single_process):
     plan = results[0]["ep2_dp2_global_aux/pynative"]["plan"]
     assert "experts.w_gate: (ep, None, None) (declared), grad summed over ['edp']" in plan
     assert "router.weight: (None, None) (derived), grad summed over ['edp', 'ep']" in plan
+
+
+def test_trainer_ep2_jit_with_accumulation_matches_one_process():
+    """run_mindformer.py, jit, ep2 (dp2) with 2 accumulation micro-steps = one process in PyNative with the same
+    8 rows per step: losses, load-balancing loss and gradient norm of every step."""
+    from mindformers_core.common.graphs import blocking_launch_enabled
+    from tests.bodies.moe_body import run_trainer
+    assert blocking_launch_enabled(), "MFC_JIT_BLOCKING=0: this test would not run the launch it is about"
+    got = TRAINER_EP2_ACCUMULATE.results()[0][0]
+    yaml = TRAINER_EP2_ACCUMULATE.used_kwargs["yaml"]
+    want = run_trainer(yaml, tempfile.mkdtemp(prefix="mfc_moe_one_acc_"),
+                       MOE_KEYS + ACCUMULATE + ["--runner_config.batch_size", 4], modes=(1,))[1]
+    assert len(got) == len(want) == 3
+    for key in ("loss", "aux_loss", "grad_norm"):
+        a, b = np.array([r[key] for r in got]), np.array([r[key] for r in want])
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), (key, a, b)
+    np.testing.assert_allclose([r["expert_load"] for r in got], [r["expert_load"] for r in want], atol=1e-3)
 
 
 def test_trainer_ep2_matches_one_process():
