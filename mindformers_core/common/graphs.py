@@ -14,8 +14,8 @@ and the wrapper hands back ``outputs``.
 
 Not used for the pipeline runtime's per-microbatch graphs (pipeline/runtime.py keeps ``ms.jit``): with the
 recomputing backward graphs launched this way, msrun pp2 x dp2 x ep2 1F1B under jit with the variable-count
-expert exchange (tests/test_moe_pp_msrun.py) got wrong expert gradients from the second microbatch on, from
-graph inputs bitwise equal to those of MindSpore's launch (up to 84% relative on one rank's w_gate; the
+expert exchange (tests/test_moe_pp_msrun.py) got wrong expert gradients at every launch after the first (the
+next microbatch, or the next step), from graph inputs bitwise equal to those of MindSpore's launch (up to 84% relative on one rank's w_gate; the
 embedding weight 1.72e-3 off after 2 steps, every run). Right with only the forward graphs launched this
 way, and with the padded exchange; host syncs before every launch did not help; a whole MoE model's
 backward graph of the same kind on 2 or 4 ranks (ep2) was right. The trainer's own graphs
