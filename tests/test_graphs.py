@@ -39,3 +39,33 @@ def test_same_outputs_and_side_effects_as_ms_jit(monkeypatch, blocking):
     np.testing.assert_allclose(gb2.asnumpy(), 4 * y.sum(0), rtol=1e-5)
     np.testing.assert_allclose(net.weight.asnumpy(), w0 - 0.1 * gw.asnumpy(), rtol=1e-6)
     assert getattr(fn, "blocking", False) == (blocking == "1")
+
+
+class _DataDependent(nn.Cell):
+    """Stands for a Cell whose compiled graph has data-dependent shapes (e.g. ExpertParallelExperts on its
+    variable-count path)."""
+
+    def __init__(self, dynamic):
+        super().__init__()
+        self.dynamic_shapes_under_jit = dynamic
+
+    def construct(self, x):
+        rows = ops.nonzero(x > 0).reshape(-1)
+        return ops.gather(x, rows, 0).sum()
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_graphs_with_data_dependent_shapes_keep_mindspores_launch(monkeypatch, dynamic):
+    """compile_blocking(fn, cells=...) is plain ms.jit when a Cell below ``cells`` declares data-dependent
+    shapes (common/graphs.py: the blocking launch gave wrong gradients there); results unchanged."""
+    from mindformers_core.common.graphs import holds_dynamic_shapes
+    monkeypatch.setenv(BLOCKING_ENV, "1")
+    model = nn.SequentialCell([nn.Identity(), _DataDependent(dynamic)])
+    assert holds_dynamic_shapes([model]) == dynamic and not holds_dynamic_shapes([])
+
+    def total(x):
+        return model(x)
+    fn = compile_blocking(total, cells=[model])
+    assert getattr(fn, "blocking", False) == (not dynamic)
+    x = Tensor(np.array([1.0, -2.0, 3.0, 0.0], np.float32))
+    assert float(fn(x).asnumpy()) == 4.0

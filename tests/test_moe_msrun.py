@@ -71,9 +71,9 @@ def _accumulate_kwargs():
             "modes": [0]}
 
 
-# jit with accumulation: the gradient graph (common/graphs.compile_blocking) launched once per micro-step, each
-# micro-step routing other counts through the variable-count exchange (the pattern that goes wrong in the
-# pipeline runtime's backward graphs launched that way: docs/config.md, MFC_JIT_BLOCKING)
+# jit with accumulation: the gradient graph launched once per micro-step, each micro-step routing other counts
+# through the variable-count exchange (MindSpore's own launch: common/graphs.compile_blocking refuses its blocking
+# launch for data-dependent shapes, which gave wrong gradients there; docs/config.md, MFC_JIT_BLOCKING)
 TRAINER_EP2_ACCUMULATE = job("moe_trainer_ep2_accumulate", 2, "tests.bodies.moe_body:run_trainer", _accumulate_kwargs,
                              timeout=600, group=__name__)
 
@@ -191,9 +191,7 @@ def test_ep4_ep2xdp2_ep2xtp2(single_process):
 def test_trainer_ep2_jit_with_accumulation_matches_one_process():
     """run_mindformer.py, jit, ep2 (dp2) with 2 accumulation micro-steps = one process in PyNative with the same
     8 rows per step: losses, load-balancing loss and gradient norm of every step."""
-    from mindformers_core.common.graphs import blocking_launch_enabled
     from tests.bodies.moe_body import run_trainer
-    assert blocking_launch_enabled(), "MFC_JIT_BLOCKING=0: this test would not run the launch it is about"
     got = TRAINER_EP2_ACCUMULATE.results()[0][0]
     yaml = TRAINER_EP2_ACCUMULATE.used_kwargs["yaml"]
     want = run_trainer(yaml, tempfile.mkdtemp(prefix="mfc_moe_one_acc_"),

@@ -12,15 +12,14 @@ and 0.19 s system CPU per step, perf putting 30% of all samples in that wait. Th
 ``ms.runtime.launch_blocking()`` did not change it. So the compiled function returns ``(outputs, None)``
 and the wrapper hands back ``outputs``.
 
-Not used for the pipeline runtime's per-microbatch graphs (pipeline/runtime.py keeps ``ms.jit``): with the
-recomputing backward graphs launched this way, msrun pp2 x dp2 x ep2 1F1B under jit with the variable-count
-expert exchange (tests/test_moe_pp_msrun.py) got wrong expert gradients at every launch after the first (the
-next microbatch, or the next step), from graph inputs bitwise equal to those of MindSpore's launch (up to 84% relative on one rank's w_gate; the
-embedding weight 1.72e-3 off after 2 steps, every run). Right with only the forward graphs launched this
-way, and with the padded exchange; host syncs before every launch did not help; a whole MoE model's
-backward graph of the same kind on 2 or 4 ranks (ep2) was right. The trainer's own graphs
-(one step graph, or gradient graphs per accumulation micro-step) with ep2 under jit equal PyNative.
-Cause not found (docs/config.md, ``MFC_JIT_BLOCKING``).
+Not for graphs with data-dependent shapes: ``compile_blocking(fn, cells=...)`` falls back to ``ms.jit`` when a
+Cell in ``cells`` (or below it) has a true ``dynamic_shapes_under_jit`` attribute, as the expert-parallel
+experts on their variable-count path have (sharding/expert_parallel.py: ``ops.nonzero`` row sets). Launched
+this way, gradient graphs holding that path gave wrong weight gradients, sometimes garbage (150x off), or failed
+to launch (``Grad_Gather/UnsortedSegmentSum``), depending on which other graphs had run in the process before
+or between their launches (msrun, 2 and 4 ranks; MindSpore's own launch and PyNative agreed every time; the
+padded path, static shapes, was right every time; docs/config.md has the cases). The pipeline runtime's
+per-microbatch graphs keep ``ms.jit`` in any case (pipeline/runtime.py): they gained nothing from it.
 
 ``MFC_JIT_BLOCKING=0`` (environment, read when a function is compiled) gives plain ``ms.jit`` (to
 measure the difference; the numbers are the same either way).
@@ -28,7 +27,7 @@ measure the difference; the numbers are the same either way).
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 BLOCKING_ENV = "MFC_JIT_BLOCKING"
 
@@ -42,11 +41,21 @@ def blocking_launch_enabled(environ=None) -> bool:
     return text != "0"
 
 
-def compile_blocking(fn: Callable, **jit_kwargs) -> Callable:
+DYNAMIC_SHAPES_ATTR = "dynamic_shapes_under_jit"
+
+
+def holds_dynamic_shapes(cells: Iterable) -> bool:
+    """True when a Cell in ``cells``, or one below it, says (attribute ``dynamic_shapes_under_jit``) that its
+    compiled graph computes on data-dependent shapes."""
+    return any(getattr(c, DYNAMIC_SHAPES_ATTR, False) for cell in cells for _, c in cell.cells_and_names())
+
+
+def compile_blocking(fn: Callable, cells: Iterable = (), **jit_kwargs) -> Callable:
     """``ms.jit(fn, **jit_kwargs)`` launched in the calling thread (module docstring); same arguments,
-    same outputs."""
+    same outputs. ``cells``: the Cells ``fn`` runs; when one holds data-dependent shapes
+    (:func:`holds_dynamic_shapes`) this is plain ``ms.jit(fn)``, MindSpore's own launch."""
     import mindspore as ms
-    if not blocking_launch_enabled():
+    if not blocking_launch_enabled() or holds_dynamic_shapes(cells):
         return ms.jit(fn, **jit_kwargs)
 
     def with_none(*args):

@@ -502,7 +502,8 @@ class TrainStep:
             return reduce_and_update(grads, loss)
 
         if self.mode == "jit":
-            return compile_blocking(micro_step), compile_blocking(full_step)
+            model = [self.wrapped.network]
+            return compile_blocking(micro_step, cells=model), compile_blocking(full_step, cells=model)
         return micro_step, full_step
 
     def _build_per_unit(self, n: int, reduce_and_update):

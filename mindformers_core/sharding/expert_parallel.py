@@ -149,6 +149,12 @@ class ExpertParallelExperts(CommCell):
             self.wire_rows = Parameter(Tensor(np.zeros((2,), np.float32)), name=f"mfc_expert_wire_rows_{n}",
                                        requires_grad=False)
 
+    @property
+    def dynamic_shapes_under_jit(self) -> bool:
+        """Under jit this Cell computes on data-dependent row sets (:meth:`routed_graph`): graphs holding it
+        keep MindSpore's own launch (common/graphs.compile_blocking, which reads this)."""
+        return self.variable and self.jit_variable
+
     def construct(self, x, weights, index):
         if _run_in_jit():  # @jit.cond: True
             if self.variable and self.jit_variable:

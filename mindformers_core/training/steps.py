@@ -203,8 +203,9 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
             def eager_step(ids, labels):
                 loss, grads = grad_fn(ids, labels)
                 return loss, eager_update(grads)
-            return TrainStep(compile_blocking(step) if shape.jit else eager_step, optimizer, lr, None, guard, poison)
-        grads_of = compile_blocking(grad_fn) if shape.jit else grad_fn
+            return TrainStep(compile_blocking(step, cells=[built.model]) if shape.jit else eager_step, optimizer, lr,
+                             None, guard, poison)
+        grads_of = compile_blocking(grad_fn, cells=[built.model]) if shape.jit else grad_fn
     update_fn = compile_blocking(update) if shape.jit else eager_update
 
     def accumulating_step(ids, labels):
