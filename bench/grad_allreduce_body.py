@@ -7,7 +7,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindformers_core.common.graphs import compile_blocking
-from mindformers_core.distributed.comm import kernels as K
+from mindformers_core.distributed.comm import autograd as A, kernels as K
 from mindformers_core.distributed.process_group import world_group
 
 
@@ -125,21 +125,6 @@ def primitives(floats, steps):
 
 
 # ---- does an all-reduce issued inside the backward overlap the rest of it? ---------------------------------
-class _ReduceGradient(nn.Cell):
-    """Identity forward; the backward sums the gradient over the group (a DDP-style gradient hook, so each
-    layer's all-reduce is issued as soon as its gradient exists)."""
-
-    def __init__(self, group):
-        super().__init__()
-        self.reduce = K.AllReduceKernel(group, "sum")
-
-    def construct(self, w):
-        return w
-
-    def bprop(self, w, out, dout):
-        return (self.reduce(dout),)
-
-
 class _MLP(nn.Cell):
     """``layers`` tanh layers of width ``width``: 5 x 1000 x 1000 = 5.0M floats, the Llama's 4.72M."""
 
@@ -148,7 +133,10 @@ class _MLP(nn.Cell):
         rng = np.random.default_rng(0)
         self.ws = ParameterTuple([Parameter(Tensor((rng.standard_normal((width, width)) / np.sqrt(width))
                                                    .astype(np.float32)), name=f"w{i}") for i in range(layers)])
-        self.hooks = nn.CellList([_ReduceGradient(group) for _ in range(layers)]) if hooks else None
+        # identity forward, all-reduce of the gradient in the backward (comm.copy_to_region's pair), one per
+        # layer: a DDP-style gradient hook, each layer's all-reduce issued as soon as its gradient exists
+        self.hooks = nn.CellList([A.Differentiable(A.Identity(), K.AllReduceKernel(group, "sum"))
+                                  for _ in range(layers)]) if hooks else None
         self.layers = layers
 
     def construct(self, x):

@@ -54,10 +54,11 @@ EP2_ARGS = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--p
 ASSETS = os.path.join(tempfile.gettempdir(), f"mfc_moe_trainer_{os.getpid()}")
 
 
-def _trainer_kwargs():
+def _trainer_kwargs(extra=(), prefix="mfc_moe_ep2_", **more):
     from tests.test_trainer import build_assets
     tiny = build_assets(ASSETS)
-    return {"yaml": tiny["yaml"], "out_root": tempfile.mkdtemp(prefix="mfc_moe_ep2_"), "argv": MOE_KEYS + EP2_ARGS}
+    return {"yaml": tiny["yaml"], "out_root": tempfile.mkdtemp(prefix=prefix), "argv": MOE_KEYS + EP2_ARGS + list(extra),
+            **more}
 
 
 TRAINER_EP2 = job("moe_trainer_ep2", 2, "tests.bodies.moe_body:run_trainer", _trainer_kwargs, timeout=600,
@@ -66,9 +67,7 @@ ACCUMULATE = ["--runner_config.gradient_accumulation_steps", 2]
 
 
 def _accumulate_kwargs():
-    kwargs = _trainer_kwargs()
-    return {**kwargs, "out_root": tempfile.mkdtemp(prefix="mfc_moe_ep2_acc_"), "argv": kwargs["argv"] + ACCUMULATE,
-            "modes": [0]}
+    return _trainer_kwargs(ACCUMULATE, "mfc_moe_ep2_acc_", modes=[0])
 
 
 # jit with accumulation: the gradient graph launched once per micro-step, each micro-step routing other counts

@@ -328,9 +328,9 @@ class PipelineStage:
 
             def compiled(*args):
                 return inner(*args[:len(args) - n])
-            # MindSpore's own (asynchronous) launch, not common/graphs.compile_blocking: with it, msrun
-            # pp2 x dp2 x ep2 1F1B under jit (tests/test_moe_pp_msrun.py) ended with the embedding weight
-            # off by 2e-3 to 0.11 between runs (losses equal), and pp2 gained nothing (0.528 vs 0.500 s)
+            # MindSpore's own (asynchronous) launch, not common/graphs.compile_blocking: pp2 gained nothing
+            # from it (0.528 vs 0.500 s/step), and with MoE's variable-count path these backward graphs
+            # launched that way gave wrong gradients (docs/config.md, MFC_JIT_BLOCKING)
             jitted = ms.jit(compiled, capture_mode="bytecode") if kind == "tape" and _bytecode_capture() \
                 else ms.jit(compiled)
 
