@@ -348,7 +348,7 @@ def test_model_code_has_no_communication():
     assert not hits, "model code must not reference communication:\n" + "\n".join(hits)
 
 
-ALLOWED_OPS = {"matmul", "transpose", "softmax", "cast", "repeat_interleave", "silu", "gelu", "relu", "dropout"}
+ALLOWED_OPS = {"matmul", "transpose", "softmax", "cast", "repeat_interleave", "silu", "gelu", "relu", "dropout", "sum"}
 
 
 def _cell_classes():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ..transformer import GPTModel, TransformerConfig, TransformerLayer
+from ..transformer import GPTModel, LayerSpec, TransformerConfig, gpt_layer_spec
 from .registry import register_model
 
 # MindFormers model_config key -> TransformerConfig field (same value)
@@ -132,6 +132,12 @@ class LlamaConfig(TransformerConfig):
         return counts
 
 
+def llama_layer_spec(config: TransformerConfig, layer_number: int) -> LayerSpec:
+    """Llama's layer: RMSNorm, GQA self-attention (Qwen3's per-head q/k norm with ``qk_layernorm``),
+    SwiGLU MLP, or a mixture of experts in the MoE layers of a MoE config (Qwen3-MoE, DeepSeek-style)."""
+    return gpt_layer_spec(config, layer_number, qk_norm=bool(getattr(config, "qk_layernorm", False)))
+
+
 @register_model("LlamaForCausalLM", config_class=LlamaConfig, model_type="llama")
 class LlamaForCausalLM(GPTModel):
     """``construct(input_ids, labels=None)`` -> loss (labels given) or logits (b, s, vocab)."""
@@ -140,4 +146,4 @@ class LlamaForCausalLM(GPTModel):
                  pp_rank: int = 0, vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None):
         if layers_per_stage is None and isinstance(config, LlamaConfig):
             layers_per_stage = config.layers_per_stage()   # MindFormers' offset
-        super().__init__(config, pre_process, post_process, TransformerLayer, pp_rank, vp_stage, layers_per_stage)
+        super().__init__(config, pre_process, post_process, llama_layer_spec, pp_rank, vp_stage, layers_per_stage)

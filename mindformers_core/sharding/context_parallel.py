@@ -411,8 +411,9 @@ _UlyssesExchange = _exchange.AllToAllExchange
 
 
 class ContextParallelAttention(CommCell):
-    """Drop-in for a causal attention Cell: q (b, n, s_local, d), k/v (b, g, s_local, d) ->
-    (b, s_local, n * d), the sequence split over the cp ranks in storage order.
+    """Drop-in for a causal attention Cell: q (b, n, s_local, d), k (b, g, s_local, d), v (b, g, s_local,
+    dv) -> (b, s_local, n * dv), the sequence split over the cp ranks in storage order. ``shape_q`` /
+    ``shape_kv`` carry the ring's head width, max(d, dv): narrower inputs are zero-padded to it.
 
     ``ulysses_group`` of size ``u > 1``: all-to-all to head-split full-group sequences first
     (``n / u`` heads; key/value heads are repeated to ``n`` first when ``g`` is not divisible by
@@ -453,19 +454,31 @@ class ContextParallelAttention(CommCell):
 
     def construct(self, q, k, v):
         b, s = q.shape[0], q.shape[2]
+        dv = v.shape[-1]
         if self.low_precision:
             q, k, v = ops.cast(q, ms.float32), ops.cast(k, ms.float32), ops.cast(v, ms.float32)
+        # the ring packs k and v along the head dim: head dims that differ (multi-latent attention) are padded
+        # with zeros to one width (zeros add nothing to q.k and give zero output columns, cut off below)
+        q, k, v = _pad_last(q, self.head_dim), _pad_last(k, self.head_dim), _pad_last(v, self.head_dim)
         if self.pre_repeat > 1:
             k = ops.repeat_interleave(k, self.pre_repeat, 1)
             v = ops.repeat_interleave(v, self.pre_repeat, 1)
         if self.u > 1:
             q, k, v = self.a2a_q(q, self.slots), self.a2a_k(k, self.slots), self.a2a_v(v, self.slots)
-        o = self.core(q, k, v)[..., :self.head_dim]
+        o = self.core(q, k, v)[..., :dv]
         if self.u > 1:
             o = self.a2a_out(o, self.slots)
         if self.low_precision:
             o = ops.cast(o, self.compute_dtype)
         return ops.transpose(o, (0, 2, 1, 3)).reshape(b, s, -1)
+
+
+def _pad_last(x, width: int):
+    """x with zero columns appended to its last dim up to ``width`` (x itself when it has that width)."""
+    extra = width - x.shape[-1]
+    if extra <= 0:
+        return x
+    return ops.concat((x, ops.zeros(x.shape[:-1] + (extra,), x.dtype)), -1)
 
 
 def cp_groups(mesh, seq_axes, algorithm: str, ulysses_degree, rank: int):

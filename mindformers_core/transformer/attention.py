@@ -1,5 +1,11 @@
 """Causal self-attention with grouped-query attention (GQA) and rotary positions.
 
+Positions are inputs: without ``position_ids`` a row is one document at positions 0..s-1 and the
+rotary tables and causal mask are constants built for ``seq_length`` (in the storage order of
+context parallelism); with ``position_ids`` (and optionally ``segment_ids``) of shape (b, s) the
+rotary angles are looked up per token and the mask is built per row: a query sees the keys of its
+own segment at positions not after its own (packed documents never see each other).
+
 Written for one card, and correct unchanged on tensor-parallel shards: head counts are never
 baked in (reshapes use -1 for the heads dim, so a rank holding heads/tp heads just sees fewer),
 and the GQA repeat factor heads // groups is the same on every rank. Everything outside the
@@ -18,7 +24,8 @@ from ..common.sequence_placement import causal_mask_array
 from .config import TransformerConfig
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .norm import RMSNorm
-from .rotary import RotaryEmbedding
+from .rotary import PositionRotary, RotaryEmbedding
+from .spec import AttentionSpec
 
 MASK_VALUE = -1.0e9
 
@@ -30,9 +37,40 @@ def causal_mask(seq_length: int, positions=None) -> Tensor:
     return Tensor(causal_mask_array(pos, MASK_VALUE)[None, None])
 
 
+class AttentionMask(nn.Cell):
+    """(position_ids (b, s) or None, segment_ids (b, s) or None) -> additive float32 mask (b, 1, s, s): 0
+    where the key is in the query's segment and not after it (by position; None: 0..s-1), ``MASK_VALUE``
+    elsewhere. One op for the sharding pass (``attention_mask``): the batch may be split, the sequence
+    must be whole."""
+    sharding_op = "attention_mask"
+    sharding_params = ()
+
+    def sharding_attrs(self) -> dict:
+        return {}
+
+    def shard(self, config):
+        return None, None, None
+
+    def construct(self, position_ids=None, segment_ids=None):
+        if position_ids is None:
+            b, s = segment_ids.shape
+            pos = ops.broadcast_to(ops.expand_dims(ops.arange(s, dtype=ms.int32), 0), (b, s))
+        else:
+            pos = ops.cast(position_ids, ms.int32)
+        allowed = ops.expand_dims(pos, 1) <= ops.expand_dims(pos, 2)          # (b, query, key)
+        if segment_ids is not None:
+            seg = ops.cast(segment_ids, ms.int32)
+            allowed = ops.logical_and(allowed, ops.expand_dims(seg, 1) == ops.expand_dims(seg, 2))
+        mask = ops.select(allowed, ops.zeros(allowed.shape, ms.float32),
+                          ops.fill(ms.float32, allowed.shape, MASK_VALUE))
+        return ops.expand_dims(mask, 1)
+
+
 class DotProductAttention(nn.Cell):
-    """softmax(q k^T / sqrt(d) + causal mask) v for q (b, n, s, d) and k, v (b, g, s, d) with
-    g key/value heads (each shared by n // g query heads); returns (b, s, n * d).
+    """softmax(q k^T / sqrt(d) + causal mask) v for q (b, n, s, d), k (b, g, s, d) and v
+    (b, g, s, dv) with g key/value heads (each shared by n // g query heads); returns (b, s, n * dv).
+    ``mask`` (b, 1, s, s), optional: an additive mask (``AttentionMask``) instead of the built-in
+    causal one.
 
     One op for the sharding pass (``scaled_dot_product_attention``): heads may be split (tensor
     parallel); a sequence split over ``cp`` runs the context-parallel kernel instead (ring,
@@ -40,10 +78,10 @@ class DotProductAttention(nn.Cell):
     sharding_op = "scaled_dot_product_attention"
     sharding_params = ()
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, softmax_dim=None):
         super().__init__()
         self.repeat = config.num_attention_heads // config.query_groups
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.scale = 1.0 / math.sqrt(config.head_dim if softmax_dim is None else softmax_dim)
         self.mask = causal_mask(config.seq_length, config.token_positions())
         self.cp_attrs = {"causal": True, "seq_axis": "cp", "algorithm": config.context_parallel_algo,
                          "ulysses_degree": config.ulysses_degree_in_cp,
@@ -59,15 +97,17 @@ class DotProductAttention(nn.Cell):
     def shard(self, config: TransformerConfig):
         return None, None, None
 
-    def construct(self, q, k, v):
+    def construct(self, q, k, v, mask=None):
         b, s = q.shape[0], q.shape[2]
+        if mask is None:
+            mask = self.mask
         if self.repeat > 1:
             k = ops.repeat_interleave(k, self.repeat, 1)
             v = ops.repeat_interleave(v, self.repeat, 1)
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         if self.low_precision:
             scores = ops.cast(scores, ms.float32)
-        probs = ops.softmax(scores * self.scale + self.mask, axis=-1)
+        probs = ops.softmax(scores * self.scale + mask, axis=-1)
         if self.low_precision:
             probs = ops.cast(probs, self.compute_dtype)
         if self.use_dropout:
@@ -87,11 +127,13 @@ class HeadNorm(RMSNorm):
 
 class SelfAttention(nn.Cell):
     """(b, s, h) -> (b, s, h): q/k/v projections (column-parallel), rotary on q and k, core
-    attention, output projection (row-parallel). With ``config.qk_layernorm`` (Qwen3) q and k are
-    RMS-normalized per head before the rotary embedding."""
+    attention, output projection (row-parallel). The spec's ``q_norm`` / ``k_norm`` (Qwen3's
+    ``HeadNorm``) normalize q and k per head before the rotary embedding; its ``core`` replaces
+    :class:`DotProductAttention`."""
 
-    def __init__(self, config: TransformerConfig, layer_number: int = 1):
+    def __init__(self, config: TransformerConfig, layer_number: int = 1, spec: AttentionSpec = None):
         super().__init__()
+        spec = AttentionSpec() if spec is None else spec
         self.layer_number = layer_number
         self.head_dim = config.head_dim
         bias = config.add_bias_linear
@@ -101,26 +143,37 @@ class SelfAttention(nn.Cell):
         self.linear_q = ColumnParallelLinear(config.hidden_size, q_size, config, bias=qkv_bias)
         self.linear_k = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=qkv_bias)
         self.linear_v = ColumnParallelLinear(config.hidden_size, kv_size, config, bias=qkv_bias)
-        self.qk_layernorm = bool(getattr(config, "qk_layernorm", False))
-        if self.qk_layernorm:
-            self.q_layernorm = HeadNorm(config.head_dim, config)
-            self.k_layernorm = HeadNorm(config.head_dim, config)
+        self.has_q_norm, self.has_k_norm = spec.q_norm is not None, spec.k_norm is not None
+        if self.has_q_norm:
+            self.q_layernorm = spec.q_norm(config.head_dim, config)
+        if self.has_k_norm:
+            self.k_layernorm = spec.k_norm(config.head_dim, config)
         self.rotary = RotaryEmbedding(config)
-        self.core_attention = DotProductAttention(config)
+        self.rotary_by_position = PositionRotary(config)
+        self.attention_mask = AttentionMask()
+        self.core_attention = (spec.core or DotProductAttention)(config)
         self.linear_proj = RowParallelLinear(q_size, config.hidden_size, config, bias=bias)
 
-    def construct(self, x):
+    def construct(self, x, position_ids=None, segment_ids=None):
         b, s = x.shape[0], x.shape[1]
         q = self.linear_q(x).reshape(b, s, -1, self.head_dim)
         k = self.linear_k(x).reshape(b, s, -1, self.head_dim)
         v = self.linear_v(x).reshape(b, s, -1, self.head_dim)
-        if self.qk_layernorm:
+        if self.has_q_norm:
             q = self.q_layernorm(q)
+        if self.has_k_norm:
             k = self.k_layernorm(k)
-        q = self.rotary(q)
-        k = self.rotary(k)
-        q = ops.transpose(q, (0, 2, 1, 3))
-        k = ops.transpose(k, (0, 2, 1, 3))
+        q = ops.transpose(self.rotate(q, position_ids), (0, 2, 1, 3))
+        k = ops.transpose(self.rotate(k, position_ids), (0, 2, 1, 3))
         v = ops.transpose(v, (0, 2, 1, 3))
-        ctx = self.core_attention(q, k, v)
+        if position_ids is None and segment_ids is None:
+            ctx = self.core_attention(q, k, v)
+        else:
+            ctx = self.core_attention(q, k, v, self.attention_mask(position_ids, segment_ids))
         return self.linear_proj(ctx)
+
+    def rotate(self, x, position_ids):
+        """Rotary on (b, s, heads, d): the constant tables, or the angles of ``position_ids``."""
+        if position_ids is None:
+            return self.rotary(x)
+        return self.rotary_by_position(x, position_ids)

@@ -1,22 +1,22 @@
 """The stack of transformer layers, or the part of it one pipeline stage holds.
 
 The stage's layers come from :func:`mindformers_core.common.placement.layers_of_stage`
-(the same split every pipeline component uses); each layer is built by ``layer_spec(config,
-layer_number)`` with its *global* number, so a stage builds exactly its own layers and gets the
-same weights they have in the full model. The final norm lives on the last stage only.
+(the same split every pipeline component uses); each layer is built from the LayerSpec that
+``layer_spec`` gives for its *global* number (a spec, or a spec function ``(config, layer_number) ->
+LayerSpec``), so a stage builds exactly its own layers and gets the same weights they have in the full
+model. The final norm lives on the last stage only.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from mindspore import nn
 
 from ..common.placement import layers_of_stage
 from .config import TransformerConfig
-from .layer import TransformerLayer
+from .layer import TransformerLayer, gpt_layer_spec
 from .norm import build_norm
-
-LayerSpec = Callable[[TransformerConfig, int], nn.Cell]
+from .spec import LayerSpecLike, spec_for_layer
 
 
 def stage_of(config: TransformerConfig, pp_rank: int = 0, vp_stage: Optional[int] = None,
@@ -29,17 +29,15 @@ def stage_of(config: TransformerConfig, pp_rank: int = 0, vp_stage: Optional[int
 class TransformerBlock(nn.Cell):
     """(b, s, h) -> (b, s, h) through this stage's layers (all of them when pp == 1)."""
 
-    def __init__(self, config: TransformerConfig, layer_spec: LayerSpec = TransformerLayer, pp_rank: int = 0,
+    def __init__(self, config: TransformerConfig, layer_spec: LayerSpecLike = gpt_layer_spec, pp_rank: int = 0,
                  vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None,
                  post_layer_norm: Optional[bool] = None):
         super().__init__()
         stage = stage_of(config, pp_rank, vp_stage, layers_per_stage)
         self.stage = stage
         self.layer_numbers = [i + 1 for i in stage.layers]
-        if config.is_moe and layer_spec is TransformerLayer:
-            from .moe import moe_layer_spec
-            layer_spec = moe_layer_spec   # MoE MLPs (dense in the first moe_first_k_dense_layers)
-        self.layers = nn.CellList([layer_spec(config, n) for n in self.layer_numbers])
+        self.layers = nn.CellList([TransformerLayer(config, n, spec_for_layer(layer_spec, config, n))
+                                   for n in self.layer_numbers])
         self.has_final_layernorm = stage.has_output if post_layer_norm is None else post_layer_norm
         self.final_layernorm = build_norm(config.hidden_size, config) if self.has_final_layernorm else None
         # MoE layers with a load-balancing loss return (x, aux); the block then returns (x, sum of aux)
@@ -47,23 +45,23 @@ class TransformerBlock(nn.Cell):
         self.returns_aux = any(self.aux_flags)
         self.num_local_layers = len(self.layer_numbers)
 
-    def construct(self, x):
+    def construct(self, x, position_ids=None, segment_ids=None):
         if self.returns_aux:
-            return self._construct_with_aux(x)
+            return self._construct_with_aux(x, position_ids, segment_ids)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, position_ids, segment_ids)
         if self.has_final_layernorm:
             x = self.final_layernorm(x)
         return x
 
-    def _construct_with_aux(self, x):
+    def _construct_with_aux(self, x, position_ids, segment_ids):
         aux = ()
         for i in range(self.num_local_layers):
             if self.aux_flags[i]:
-                x, a = self.layers[i](x)
+                x, a = self.layers[i](x, position_ids, segment_ids)
                 aux = aux + (a,)
             else:
-                x = self.layers[i](x)
+                x = self.layers[i](x, position_ids, segment_ids)
         if self.has_final_layernorm:
             x = self.final_layernorm(x)
         total = aux[0]

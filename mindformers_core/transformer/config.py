@@ -46,6 +46,7 @@ class TransformerConfig:
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     position_embedding_type: str = "rope"
+    max_position_embeddings: Optional[int] = None  # rows of the by-position rotary tables (None: seq_length)
     init_method_std: float = 0.02
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
@@ -95,7 +96,7 @@ class TransformerConfig:
         self._check_divisibility()
         self._check_dtypes()
         if self.num_moe_experts is not None or self.expert_model_parallel_size != 1:
-            from .moe import moe_config_problems   # the MoE rules live with the MoE layer
+            from .moe_config import moe_config_problems   # the MoE rules, apart from the MoE layer
             for field, value, rule in moe_config_problems(self):
                 _fail(field, value, rule)
 
@@ -107,7 +108,8 @@ class TransformerConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 _fail(name, v, "must be an integer >= 1")
-        for name in ("num_query_groups", "kv_channels", "virtual_pipeline_model_parallel_size"):
+        for name in ("num_query_groups", "kv_channels", "virtual_pipeline_model_parallel_size",
+                     "max_position_embeddings"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 _fail(name, v, "must be null/None or an integer >= 1")
@@ -181,6 +183,11 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        """Positions the by-position rotary tables cover: ``max_position_embeddings``, at least ``seq_length``."""
+        return max(self.seq_length, self.max_position_embeddings or 0)
 
     def token_positions(self):
         """Global position of the token in each sequence slot: the identity, except with load-balanced

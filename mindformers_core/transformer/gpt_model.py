@@ -15,9 +15,9 @@ from .block import TransformerBlock, stage_of
 from .config import TransformerConfig
 from .embedding import LanguageModelEmbedding
 from .init import init_weights
-from .layer import TransformerLayer
+from .layer import gpt_layer_spec
 from .linear import ColumnParallelLinear
-from .loss import VocabParallelCrossEntropy
+from .loss import MaskedMean, VocabParallelCrossEntropy
 
 
 class TiedOutputLayer(nn.Cell):
@@ -44,14 +44,21 @@ class TiedOutputLayer(nn.Cell):
         return out.reshape(x.shape[:-1] + (-1,))
 
 
+BATCH_KEYS = ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids")
+
+
 class GPTModel(nn.Cell):
-    """``construct(input_ids, labels=None)``: the mean loss when labels are given, else logits
-    (b, s, vocab). Without ``pre_process`` the first argument is hidden states (b, s, h);
-    without ``post_process`` the result is hidden states, or (hidden states, load-balancing loss
-    of this part's MoE layers) when it holds any (``returns_aux``)."""
+    """``construct(input_ids, labels=None, loss_mask=None, position_ids=None, segment_ids=None)`` --
+    the arguments are the batch's keys, in :data:`BATCH_KEYS` order: the mean loss when labels are
+    given (over the tokens ``loss_mask`` keeps, all by default), else logits (b, s, vocab).
+    ``position_ids`` / ``segment_ids`` (b, s): each token's position and document (packed rows; see
+    ``SelfAttention``). Without ``pre_process`` the first argument is hidden states (b, s, h); without
+    ``post_process`` the result is hidden states, or (hidden states, load-balancing loss of this part's
+    MoE layers) when it holds any (``returns_aux``). ``layer_spec``: a LayerSpec or a spec function
+    ``(config, layer_number) -> LayerSpec`` (``transformer/spec.py``; default :func:`gpt_layer_spec`)."""
 
     def __init__(self, config: TransformerConfig, pre_process: Optional[bool] = None,
-                 post_process: Optional[bool] = None, layer_spec=TransformerLayer, pp_rank: int = 0,
+                 post_process: Optional[bool] = None, layer_spec=gpt_layer_spec, pp_rank: int = 0,
                  vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None):
         super().__init__()
         self.config = config
@@ -76,37 +83,37 @@ class GPTModel(nn.Cell):
                 self.output_layer = ColumnParallelLinear(config.hidden_size, config.vocab_size, config, bias=False)
                 init_weights(self.output_layer, "output_layer", std)
             self.loss = VocabParallelCrossEntropy()
+            self.token_loss = VocabParallelCrossEntropy(reduction="none")
+            self.masked_mean = MaskedMean()
         # MoE: the load-balancing loss joins the loss; a pipeline stage without the output layer returns
         # (hidden states, its layers' load-balancing loss), a stage-local loss term (pipeline/runtime.py)
         self.returns_aux = self.decoder.returns_aux
 
-    def construct(self, input_ids, labels=None):
+    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, segment_ids=None):
         if self.pre_process:
             x = self.embedding(input_ids)
         else:
             x = input_ids
         if self.returns_aux:
+            decoded = self.decoder(x, position_ids, segment_ids)
             if not self.post_process:
-                return self.decoder(x)
-            return self._head_with_aux(self.decoder(x), labels)
-        x = self.decoder(x)
+                return decoded
+            x, aux = decoded
+            loss = self._head(x, labels, loss_mask)
+            return loss if labels is None else loss + aux
+        x = self.decoder(x, position_ids, segment_ids)
         if not self.post_process:
             return x
-        if self.tie:
-            logits = self.output_layer(x, self.embedding.word_embeddings.weight)
-        else:
-            logits = self.output_layer(x)
-        if labels is None:
-            return logits
-        return self.loss(logits, labels)
+        return self._head(x, labels, loss_mask)
 
-    def _head_with_aux(self, decoded, labels):
-        """MoE: the decoder returned (hidden states, load-balancing loss); the loss is their sum."""
-        x, aux = decoded
+    def _head(self, x, labels, loss_mask):
+        """Logits, or the loss: the mean over every token, or over the tokens ``loss_mask`` keeps."""
         if self.tie:
             logits = self.output_layer(x, self.embedding.word_embeddings.weight)
         else:
             logits = self.output_layer(x)
         if labels is None:
             return logits
-        return self.loss(logits, labels) + aux
+        if loss_mask is None:
+            return self.loss(logits, labels)
+        return self.masked_mean(self.token_loss(logits, labels), loss_mask)

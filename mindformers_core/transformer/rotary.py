@@ -30,11 +30,25 @@ def rotary_tables(seq_length: int, head_dim: int, rotary_dim: int, base: float, 
     return cos[:, None, :].astype(np.float32), sin[:, None, :].astype(np.float32)
 
 
-class RotaryEmbedding(nn.Cell):
-    """``apply_rotary(x) = x * cos + rotate_half(x) * sin`` for x of shape (b, s, heads, head_dim);
-    requires s == seq_length (the tables' length)."""
-    sharding_op = "rotary_embedding"
-    sharding_params = ("cos", "sin")
+def rotate(x, cos, sin, half: int, rotary_dim: int, partial: bool, low_precision: bool):
+    """``x * cos + rotate_half(x) * sin`` over the first ``rotary_dim`` channels of x's last dim."""
+    dtype = x.dtype
+    if low_precision:
+        x = ops.cast(x, ms.float32)
+    x1 = x[:, :, :, :half]
+    x2 = x[:, :, :, half:rotary_dim]
+    if partial:
+        rotated = ops.cat((-x2, x1, x[:, :, :, rotary_dim:]), -1)
+    else:
+        rotated = ops.cat((-x2, x1), -1)
+    out = x * cos + rotated * sin
+    if low_precision:
+        out = ops.cast(out, dtype)
+    return out
+
+
+class _Rotary(nn.Cell):
+    """The channel split both rotary Cells share."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -43,9 +57,6 @@ class RotaryEmbedding(nn.Cell):
         self.half = self.rotary_dim // 2
         self.partial = self.rotary_dim < self.head_dim
         self.low_precision = config.compute_dtype != "float32"   # rotate in float32 either way
-        cos, sin = rotary_tables(config.seq_length, self.head_dim, self.rotary_dim, config.rotary_base,
-                                 config.token_positions())
-        self.cos, self.sin = Tensor(cos), Tensor(sin)
 
     def sharding_attrs(self) -> dict:
         return {}
@@ -53,20 +64,41 @@ class RotaryEmbedding(nn.Cell):
     def shard(self, config: TransformerConfig):
         return None, None, None
 
+
+class RotaryEmbedding(_Rotary):
+    """``apply_rotary(x) = x * cos + rotate_half(x) * sin`` for x of shape (b, s, heads, head_dim);
+    requires s == seq_length (the tables' length)."""
+    sharding_op = "rotary_embedding"
+    sharding_params = ("cos", "sin")
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        cos, sin = rotary_tables(config.seq_length, self.head_dim, self.rotary_dim, config.rotary_base,
+                                 config.token_positions())
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+
     def construct(self, x):
         return self.apply_rotary(x)
 
     def apply_rotary(self, x):
-        dtype = x.dtype
-        if self.low_precision:
-            x = ops.cast(x, ms.float32)
-        x1 = x[:, :, :, :self.half]
-        x2 = x[:, :, :, self.half:self.rotary_dim]
-        if self.partial:
-            rotated = ops.cat((-x2, x1, x[:, :, :, self.rotary_dim:]), -1)
-        else:
-            rotated = ops.cat((-x2, x1), -1)
-        out = x * self.cos + rotated * self.sin
-        if self.low_precision:
-            out = ops.cast(out, dtype)
-        return out
+        return rotate(x, self.cos, self.sin, self.half, self.rotary_dim, self.partial, self.low_precision)
+
+
+class PositionRotary(_Rotary):
+    """``(x (b, s, heads, head_dim), position_ids (b, s)) -> x`` rotated by each token's own position:
+    the rows of (max_positions, 1, head_dim) tables picked by ``position_ids``. One op for the sharding
+    pass (``rotary_embedding_by_position``): x and the positions split alike, the tables whole."""
+    sharding_op = "rotary_embedding_by_position"
+    sharding_params = ("cos", "sin")
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        cos, sin = rotary_tables(config.max_positions, self.head_dim, self.rotary_dim, config.rotary_base)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+
+    def construct(self, x, position_ids):
+        ids = ops.cast(position_ids, ms.int32)
+        cos = ops.gather(self.cos[:, 0, :], ids, 0)     # (b, s, head_dim)
+        sin = ops.gather(self.sin[:, 0, :], ids, 0)
+        return rotate(x, ops.expand_dims(cos, 2), ops.expand_dims(sin, 2), self.half, self.rotary_dim,
+                      self.partial, self.low_precision)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from mindformers_core.models import LlamaConfig, register_model
-from mindformers_core.transformer import GPTModel, TransformerLayer
+from mindformers_core.transformer import GPTModel, gpt_layer_spec
 
 
 @dataclass
@@ -45,4 +45,4 @@ class GPTLNForCausalLM(GPTModel):
                  pp_rank: int = 0, vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None):
         if layers_per_stage is None and isinstance(config, LlamaConfig):
             layers_per_stage = config.layers_per_stage()   # MindFormers' offset
-        super().__init__(config, pre_process, post_process, TransformerLayer, pp_rank, vp_stage, layers_per_stage)
+        super().__init__(config, pre_process, post_process, gpt_layer_spec, pp_rank, vp_stage, layers_per_stage)

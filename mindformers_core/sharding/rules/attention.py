@@ -1,7 +1,8 @@
 """Causal scaled dot-product attention ``softmax(q k^T / sqrt(d) + causal) v`` as one op.
 
-Inputs q ``(b, n, s, d)``, k and v ``(b, g, s, d)`` (``g`` key/value heads, each shared by
-``n / g`` query heads); output ``(b, s, n * d)`` (heads merged, heads outermost).
+Inputs q ``(b, n, s, d)``, k ``(b, g, s, d)`` and v ``(b, g, s, dv)`` (``g`` key/value heads, each
+shared by ``n / g`` query heads; ``dv`` may differ from ``d``, as in multi-latent attention), and
+optionally an additive mask ``(b, 1, s, s)``; output ``(b, s, n * dv)`` (heads merged, heads outermost).
 
 * Batch and heads may stay split (heads on the same axes for q and k/v: tensor parallel).
 * The head dim ``d`` must be whole.
@@ -9,7 +10,12 @@ Inputs q ``(b, n, s, d)``, k and v ``(b, g, s, d)`` (``g`` key/value heads, each
   only; it must be split the same way in q, k and v. Split, the op runs the context-parallel
   kernel (``LocalKernel("context_parallel_attention")``: ring / Ulysses / hybrid, see
   ``sharding/context_parallel.py``); any other axis on the sequence is gathered first.
+* A mask input keeps its batch split like q's; its sequence dims stay whole, so an explicit mask
+  (packed documents, ``position_ids``) cannot be combined with a context-parallel sequence split.
 * Partial inputs are reduced (nonlinear).
+
+``attention_mask`` (``AttentionMask``: position ids and optional segment ids ``(b, s)`` -> the
+additive mask ``(b, 1, s, s)``) keeps the batch split and needs the whole sequence.
 """
 from __future__ import annotations
 
@@ -20,17 +26,19 @@ from .registry import LocalKernel, RuleError, RuleResult, register_rule
 @register_rule("scaled_dot_product_attention", "core_attention")
 def scaled_dot_product_attention(layouts, shapes, *, causal=True, seq_axis="cp", algorithm="colossal",
                                  ulysses_degree=None, load_balance=True):
-    expect_inputs(layouts, 3)
-    qs, ks, vs = shapes
-    if len(qs) != 4 or len(ks) != 4 or tuple(ks) != tuple(vs):
-        raise RuleError(f"needs q (b, n, s, d) and k, v (b, g, s, d); got shapes {qs}, {ks}, {vs}")
+    expect_inputs(layouts, 3, 4)
+    qs, ks, vs = shapes[:3]
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or tuple(ks[:3]) != tuple(vs[:3]):
+        raise RuleError(f"needs q (b, n, s, d), k (b, g, s, d) and v (b, g, s, dv); got shapes {qs}, {ks}, {vs}")
+    if len(shapes) == 4 and tuple(shapes[3]) not in ((qs[0], 1, qs[2], qs[2]), (1, 1, qs[2], qs[2])):
+        raise RuleError(f"the mask must have shape (b, 1, s, s) = {(qs[0], 1, qs[2], qs[2])}; got {shapes[3]}")
     if qs[0] != ks[0] or qs[2] != ks[2] or qs[3] != ks[3] or qs[1] % ks[1]:
         raise RuleError(f"q {qs} and k/v {ks} disagree on batch, sequence or head dim, or {ks[1]} key/value "
                         f"heads do not divide {qs[1]} query heads")
     if not causal:
         raise RuleError("only causal attention is supported")
-    mesh = common_mesh_layout(layouts)
-    src = next(l for l in layouts if l is not None)
+    mesh = common_mesh_layout(layouts[:3])
+    src = next(l for l in layouts[:3] if l is not None)
     b_axes, h_axes, s_axes = src.dims[0], src.dims[1], src.dims[2]
     used = set()
     def free(axes):
@@ -55,8 +63,32 @@ def scaled_dot_product_attention(layouts, shapes, *, causal=True, seq_axis="cp",
     cp = 1
     for a in s_axes:
         cp *= mesh.axis_size(a)
+    ins = (req, req, req)
+    if len(layouts) == 4:
+        if cp > 1:
+            raise RuleError(f"an explicit attention mask (position_ids / segment_ids) needs the whole sequence; "
+                            f"it is split {cp} ways over {list(s_axes)} (context parallelism)")
+        mask_batch = b_axes if shapes[3][0] == qs[0] else ()
+        ins = ins + (make_layout(mesh, (mask_batch, (), (), ())),)
     if cp > 1:
+        # the ring packs k and v along the head dim: a v head dim that differs from q/k's is padded to the
+        # larger one by the kernel (ContextParallelAttention), so both shapes carry that width
+        width = max(qs[3], vs[3])
         kernel = LocalKernel("context_parallel_attention", {
             "seq_axes": s_axes, "algorithm": algorithm, "ulysses_degree": ulysses_degree,
-            "load_balance": load_balance, "local_q": req.local_shape(qs), "local_kv": req.local_shape(ks)})
-    return RuleResult((out,), (req, req, req), kernel)
+            "load_balance": load_balance, "local_q": req.local_shape(qs[:3] + (width,)),
+            "local_kv": req.local_shape(ks[:3] + (width,))})
+    return RuleResult((out,), ins, kernel)
+
+
+@register_rule("attention_mask")
+def attention_mask(layouts, shapes):
+    """``(position_ids (b, s)[, segment_ids (b, s)]) -> (b, 1, s, s)``: batch split kept, sequence whole."""
+    expect_inputs(layouts, 1, 2)
+    if any(len(s) != 2 or tuple(s) != tuple(shapes[0]) for s in shapes):
+        raise RuleError(f"needs position ids and segment ids of one shape (b, s); got {shapes}")
+    mesh = common_mesh_layout(layouts)
+    src = next(l for l in layouts if l is not None)
+    b_axes = src.dims[0]
+    req = make_layout(mesh, (b_axes, ()))
+    return RuleResult((make_layout(mesh, (b_axes, (), (), ())),), (req,) * len(layouts))
