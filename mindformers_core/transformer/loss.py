@@ -45,11 +45,24 @@ class VocabParallelCrossEntropy(nn.Cell):
         return self.cross_entropy(logits.reshape(-1, logits.shape[-1]), ops.cast(labels, ms.int32).reshape(-1))
 
 
+class Total(nn.Cell):
+    """The sum of every element, as its own Cell: split over ranks, the result is a partial sum that the
+    sharding pass reduces at this Cell's exit where its consumer needs the whole value."""
+
+    def construct(self, x):
+        return ops.sum(x)
+
+
 class MaskedMean(nn.Cell):
     """``sum(loss * mask) / sum(mask)`` over every token of the batch: with the batch or sequence split
-    (dp, cp) both sums are partial and the pass reduces them before the division, so the result is the
-    mean over the unmasked tokens of the whole global batch, the same on any split."""
+    (dp, cp) both sums are partial and the pass reduces the count before the division, so the result is
+    the mean over the unmasked tokens of the whole global batch, the same on any split."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept_loss = Total()
+        self.kept_tokens = Total()
 
     def construct(self, token_loss, loss_mask):
         mask = ops.cast(loss_mask, ms.float32)
-        return ops.sum(token_loss * mask) / ops.sum(mask)
+        return self.kept_loss(token_loss * mask) / self.kept_tokens(mask)

@@ -31,8 +31,10 @@ def rotary_embedding_by_position(layouts, shapes):
     x, pos = layouts[0], layouts[1]
     if x is not None:
         b, s, h = x.dims[0], x.dims[1], x.dims[2]
-    else:
+    elif pos is not None:
         b, s, h = pos.dims[0], pos.dims[1], ()
+    else:
+        b = s = h = ()
     req_x = make_layout(mesh, (b, s, h, ()), partials(x))
     table = make_layout(mesh, ((), (), ()))
     return RuleResult((req_x,), (req_x, make_layout(mesh, (b, s)), table, table))
