@@ -87,6 +87,7 @@ def main():
     from mindspore import Tensor
     from trainer import assets
     from mindformers_core.training.config import read_yaml, validate
+    from mindformers_core.common.batch import model_args
     from mindformers_core.training.trainer import Trainer
     paths = assets(a.assets)
     config = validate(read_yaml(paths["yaml"]), [f"output_dir={a.out}", "context.mode=1",
@@ -112,9 +113,9 @@ def main():
         for i in range(n):
             if a.strace and i == 1:
                 tracer = Strace(f"/tmp/eager_state_strace_{name}.txt")
-            ids, labels = next(batches)
+            args = model_args(next(batches), Tensor)
             s0 = snapshot()
-            loss, norm = (float(x) for x in trainer.step_fn(Tensor(ids), Tensor(labels)))
+            loss, norm = (float(x) for x in trainer.step_fn(*args))
             extra = f" (+ tiny graph {prime() * 1000:.1f} ms)" if a.prime == "every" else ""
             d = delta(s0, snapshot())
             top = sorted(d["threads"].items(), key=lambda kv: -sum(kv[1]))[:6]

@@ -10,21 +10,21 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional
 
 import numpy as np
 
+from ..common.batch import Batch, map_batch, stack_samples
 from ..common.sequence_placement import storage_positions
 from ..data.corpus import build_corpus
 from ..data.dataset import PackedDataset, cache_file_for, tokenize_to_cache
-from ..data.tokenizer import LlamaTokenizer, train_tokenizer
+from ..data.tokenizer import LlamaTokenizer, build_tokenizer, train_tokenizer
 from .config import Config, ConfigError
 from .preflight import Preflight
 from .rules import context_parallel_algorithm
 from .shape import JobShape
 
 BUILTIN_CORPUS_BYTES = 2_000_000
-Batch = Tuple[np.ndarray, np.ndarray]
 
 
 def wait_for(path: str, timeout: float = 600.0) -> None:
@@ -50,11 +50,11 @@ class Inputs:
     def _cut(self, batch: Batch) -> Batch:
         if self.sequence_slice is None:
             return batch
-        return self.sequence_slice(batch[0]), self.sequence_slice(batch[1])
+        return map_batch(batch, self.sequence_slice)
 
     def batches(self) -> Iterator[Batch]:
-        """Local batches of this data-parallel rank; the dataset resumes from its consumed count
-        and continues into the next epoch at the end of one."""
+        """Local batches (dicts, ``common/batch.py``) of this data-parallel rank; the dataset resumes from
+        its consumed count and continues into the next epoch at the end of one."""
         it = iter(self.data)
         while True:
             rows = []
@@ -64,18 +64,14 @@ class Inputs:
                     it = iter(self.data)
                     continue
                 rows.append(sample)
-            yield self._cut(stack(rows))
+            yield self._cut(stack_samples(rows))
 
     def eval_batches(self, steps: int) -> Iterator[Batch]:
         """The first ``steps`` microbatches of the held-out data: the same ones every time."""
         self.eval_data.consumed_samples = 0
         it = iter(self.eval_data)
         for _ in range(steps):
-            yield self._cut(stack([next(it) for _ in range(self.micro_batch)]))
-
-
-def stack(rows) -> Batch:
-    return (np.stack([r[0] for r in rows]).astype(np.int32), np.stack([r[1] for r in rows]).astype(np.int32))
+            yield self._cut(stack_samples([next(it) for _ in range(self.micro_batch)]))
 
 
 def context_parallel_slice(cfg: Config, shape: JobShape, cp_rank: int) -> Optional[Callable]:
@@ -109,7 +105,7 @@ def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_r
         os.replace(prefix + ".tmp.vocab", prefix + ".vocab")
         os.replace(trained, tok)             # the .model last: its presence means "done"
     wait_for(tok)
-    tokenizer = LlamaTokenizer(tok)
+    tokenizer = build_tokenizer(found.tokenizer_kind, tok)
     if tokenizer.vocab_size != int(mc.vocab_size):
         raise ConfigError([f"model.model_config.vocab_size = {mc.vocab_size}: must equal the tokenizer's "
                            f"vocabulary, {tokenizer.vocab_size} pieces in {tok}"])

@@ -26,6 +26,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
+from ..common.batch import model_args
 from ..distributed.env import get_env, init_distributed
 from ..sharding.annotations import global_shape_of
 from .checkpointing import Checkpointer, state_params_of
@@ -96,8 +97,8 @@ class Trainer:
                       async_save=bool(ckpt is not None and ckpt.get("async_save")),
                       fallback=bool(cfg.get("resume_fallback_to_intact", False)))
         if shape.predicting:
-            from ..data.tokenizer import LlamaTokenizer
-            self.tokenizer = LlamaTokenizer(self.tokenizer_file)
+            from ..data.tokenizer import build_tokenizer
+            self.tokenizer = build_tokenizer(self.found.tokenizer_kind, self.tokenizer_file)
             self.global_batch = 1
             self._build_model(micro_batch=1)
             self.checkpointer = Checkpointer(params=self.params, state_params=state_params_of(self.built.chunks),
@@ -168,8 +169,8 @@ class Trainer:
         total = 0.0
         try:
             with self.checkpointer.full_weights():
-                for ids, labels in self.inputs.eval_batches(steps):
-                    total += float(self.model(Tensor(ids), Tensor(labels)).asnumpy())
+                for batch in self.inputs.eval_batches(steps):
+                    total += float(self.model(*model_args(batch, Tensor)).asnumpy())
         finally:
             self.model.set_train(was_training)
         return total / steps
@@ -224,9 +225,9 @@ class Trainer:
                 if poisoned:
                     ms.ops.assign(self._poison, Tensor(float("nan"), ms.float32))
                 t0 = time.monotonic()
-                ids, labels = next(batches)
+                batch = next(batches)
                 t1 = time.monotonic()
-                loss, norm = self.step_fn(Tensor(ids), Tensor(labels))
+                loss, norm = self.step_fn(*model_args(batch, Tensor))
                 loss, norm = float(loss), None if norm is None else float(norm)   # None: log_grad_norm off
                 if relax:
                     relax_actor_threads()     # PyNative: no spinning actor threads (steps.relax_actor_threads)

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from mindspore import nn, ops
 
+from ..common.batch import BATCH_KEYS  # noqa: F401 (the argument order of construct)
 from .block import TransformerBlock, stage_of
 from .config import TransformerConfig
 from .embedding import LanguageModelEmbedding
@@ -42,9 +43,6 @@ class TiedOutputLayer(nn.Cell):
         x2 = ops.cast(x.reshape(-1, x.shape[-1]), self.compute_dtype)
         out = self.matmul(x2, ops.cast(weight, self.compute_dtype))
         return out.reshape(x.shape[:-1] + (-1,))
-
-
-BATCH_KEYS = ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids")
 
 
 class GPTModel(nn.Cell):
