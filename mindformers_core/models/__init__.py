@@ -1,11 +1,14 @@
-"""Built-in model families and the model registry (``model.arch.type`` -> model and config class).
+"""Built-in model families and the model registry (``model.arch.type`` -> a family's ``ModelSpec``).
 
-Importing this package registers the built-in models (Llama). User models register with
+One package per family (``models/<family>/``: config mapping, model and layer spec, Hugging Face name
+table); importing this package registers the built-in ones (Llama). User families register with
 ``@register_model`` and are loaded with ``--register_path`` (``import_register_path``).
 """
 from .registry import (ModelSpec, get_model_spec, import_register_path, register_model, registered_models,
-                       resolve_model)
-from .llama import LlamaConfig, LlamaForCausalLM, llama_ffn_hidden_size
+                       resolve_model, spec_of_model)
+from .state_dict import NameRule, StateDictAdapter, layer_rules
+from .llama import LlamaConfig, LlamaForCausalLM, llama_ffn_hidden_size, llama_layer_spec
 
-__all__ = ["ModelSpec", "register_model", "get_model_spec", "registered_models", "resolve_model", "import_register_path",
-           "LlamaConfig", "LlamaForCausalLM", "llama_ffn_hidden_size"]
+__all__ = ["ModelSpec", "register_model", "get_model_spec", "registered_models", "resolve_model", "spec_of_model",
+           "import_register_path", "NameRule", "StateDictAdapter", "layer_rules",
+           "LlamaConfig", "LlamaForCausalLM", "llama_ffn_hidden_size", "llama_layer_spec"]

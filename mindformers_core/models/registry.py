@@ -1,13 +1,17 @@
-"""The model registry: ``model.arch.type`` in a YAML -> a model class and its config class.
+"""The model registry: ``model.arch.type`` in a YAML -> a model family's ``ModelSpec``.
 
-Built-in families (``mindformers_core.models.llama``) register when ``mindformers_core.models`` is
-imported; user models register themselves with ``@register_model`` in a directory of their own,
-loaded by ``--register_path DIR`` (``import_register_path``), as in MindFormers.
+A family is one package (``mindformers_core/models/<family>/``: config mapping, model and layer
+spec, Hugging Face name table) registered with one ``@register_model(...)`` line. Built-in families
+(``mindformers_core.models.llama``) register when ``mindformers_core.models`` is imported; user
+families register themselves in a directory of their own, loaded by ``--register_path DIR``
+(``import_register_path``), as in MindFormers.
 
 A registered config class has ``from_model_config(model_config, parallel_config=None,
 pipeline_interleave=1)`` returning a ``TransformerConfig``; a registered model class is built as
-``model_class(config, pp_rank=0, vp_stage=None, layers_per_stage=None)``. This module is pure
-Python (no MindSpore import).
+``model_class(config, pp_rank=0, vp_stage=None, layers_per_stage=None)``. The spec also names the
+family's tokenizer kind (``data.tokenizer.build_tokenizer``), its layer spec function
+(``transformer.spec``) and its state-dict adapter (Hugging Face names <-> ours,
+``models.state_dict``). This module is pure Python (no MindSpore import).
 """
 from __future__ import annotations
 
@@ -15,19 +19,30 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 __all__ = ["ModelSpec", "register_model", "get_model_spec", "registered_models", "resolve_model",
-           "import_register_path"]
+           "spec_of_model", "import_register_path"]
+
+
+DEFAULT_TOKENIZER = "llama"     # the SentencePiece LlamaTokenizer (data/tokenizer.py)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered model: its ``model.arch.type`` name, model class and config class."""
+    """A registered model family: its ``model.arch.type`` name, model class and config class;
+    ``model_type``: the Hugging Face / MindFormers family name (e.g. ``"llama"``); ``tokenizer``: the
+    kind of tokenizer its data is read with (``build_tokenizer(kind, file)``); ``layer_spec``: its
+    spec function ``(config, layer_number) -> LayerSpec`` (None: the model class decides);
+    ``state_dict_adapter``: its Hugging Face names <-> ours (``to_hf`` / ``from_hf`` on NumPy
+    dicts, ``models.state_dict.StateDictAdapter``), None when it has none."""
     name: str
     model_class: type
     config_class: type
-    model_type: Optional[str] = None     # Hugging Face / MindFormers' family name, e.g. "llama"
+    model_type: Optional[str] = None
+    tokenizer: str = DEFAULT_TOKENIZER
+    layer_spec: Optional[Callable[..., Any]] = None
+    state_dict_adapter: Optional[Any] = None
 
 
 _REGISTRY: Dict[str, ModelSpec] = {}
@@ -38,20 +53,41 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _public(cls: type) -> str:
+    """The name users import ``cls`` by: its package's when the package re-exports it
+    (``mindformers_core.models.llama.LlamaForCausalLM``), else where it is defined."""
+    package = cls.__module__.rpartition(".")[0]
+    if package and getattr(sys.modules.get(package), cls.__name__, None) is cls:
+        return f"{package}.{cls.__qualname__}"
+    return _qualified(cls)
+
+
 def _same_definition(a: type, b: type) -> bool:
     """The same class, or the same definition executed again (a module re-imported or reloaded)."""
     return a is b or _qualified(a) == _qualified(b)
 
 
-def register_model(name: Optional[str] = None, *, config_class: type, model_type: Optional[str] = None):
+def register_model(name: Optional[str] = None, *, config_class: type, model_type: Optional[str] = None,
+                   tokenizer: str = DEFAULT_TOKENIZER, layer_spec: Optional[Callable[..., Any]] = None,
+                   state_dict_adapter: Optional[Any] = None):
     """Class decorator: register the model class under ``name`` (default: the class's ``__name__``)
     with its ``config_class``. Registering the same class again is a no-op; registering another
     class under a taken name raises ``ValueError`` naming both. ``model_type`` (e.g. ``"llama"``) is
-    the family name configs written in the Hugging Face style give instead of a class name."""
+    the family name configs written in the Hugging Face style give instead of a class name;
+    ``tokenizer``, ``layer_spec`` and ``state_dict_adapter`` as in :class:`ModelSpec`."""
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"register_model: name must be a non-empty string or None, got {name!r}")
     if not isinstance(config_class, type):
         raise ValueError(f"register_model: config_class must be a class, got {config_class!r}")
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise ValueError(f"register_model: tokenizer must be a tokenizer kind (e.g. 'llama'), got {tokenizer!r}")
+    if layer_spec is not None and not callable(layer_spec):
+        raise ValueError(f"register_model: layer_spec must be a spec function (config, layer_number) -> "
+                         f"LayerSpec, got {layer_spec!r}")
+    if state_dict_adapter is not None and not all(callable(getattr(state_dict_adapter, m, None))
+                                                  for m in ("to_hf", "from_hf")):
+        raise ValueError(f"register_model: state_dict_adapter must have to_hf(state) and from_hf(hf_state), "
+                         f"got {state_dict_adapter!r}")
 
     def decorate(model_class: type) -> type:
         if not isinstance(model_class, type):
@@ -60,12 +96,13 @@ def register_model(name: Optional[str] = None, *, config_class: type, model_type
         existing = _REGISTRY.get(key)
         if existing is not None and not _same_definition(existing.model_class, model_class):
             raise ValueError(f"register_model: the name {key!r} is already registered to "
-                             f"{_qualified(existing.model_class)}; cannot register {_qualified(model_class)} "
+                             f"{_public(existing.model_class)}; cannot register {_public(model_class)} "
                              f"under it (pick another name: @register_model('MyName', config_class=...))")
         if model_type is not None and _MODEL_TYPES.get(model_type, key) != key:
             raise ValueError(f"register_model: model_type {model_type!r} already names "
                              f"{_MODEL_TYPES[model_type]!r}; cannot give it to {key!r}")
-        _REGISTRY[key] = ModelSpec(key, model_class, config_class, model_type)
+        _REGISTRY[key] = ModelSpec(key, model_class, config_class, model_type, tokenizer, layer_spec,
+                                   state_dict_adapter)
         if model_type is not None:
             _MODEL_TYPES[model_type] = key
         return model_class
@@ -76,6 +113,15 @@ def register_model(name: Optional[str] = None, *, config_class: type, model_type
 def registered_models() -> List[str]:
     """The registered names, sorted."""
     return sorted(_REGISTRY)
+
+
+def spec_of_model(model) -> ModelSpec:
+    """The ``ModelSpec`` whose model class built ``model`` (an instance or a class); ``ValueError`` if none."""
+    cls = model if isinstance(model, type) else type(model)
+    for spec in _REGISTRY.values():
+        if spec.model_class is cls:
+            return spec
+    raise ValueError(f"{_qualified(cls)} is not a registered model class; registered: {registered_models()}")
 
 
 def get_model_spec(name: str) -> ModelSpec:
