@@ -121,3 +121,15 @@ class LlamaTokenizer:
         return {"input_ids": ids, "attention_mask": mask}
 
     __call__ = batch_encode
+
+
+# tokenizer kind (a model family's ModelSpec.tokenizer) -> class built as cls(file)
+TOKENIZER_KINDS = {"llama": LlamaTokenizer, "sentencepiece": LlamaTokenizer}
+
+
+def build_tokenizer(kind, file):
+    """The tokenizer of kind ``kind`` (``"llama"`` / ``"sentencepiece"``: a SentencePiece model with
+    Llama's ids) read from ``file``; ``ValueError`` naming the known kinds for any other."""
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"tokenizer kind {kind!r}: not known; known: {sorted(TOKENIZER_KINDS)}")
+    return TOKENIZER_KINDS[kind](file)

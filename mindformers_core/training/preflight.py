@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Tuple
 
 from ..checkpoint import CheckpointError, list_steps, load_training_state
 from ..checkpoint.format import METADATA, TRACKER, read_tracker
-from ..data.tokenizer import LlamaTokenizer
+from ..data.tokenizer import build_tokenizer
 from ..distributed.env import requested_device_target
 from ..pipeline.schedules import build_schedule
 from ..pipeline.stage import StageInfo
@@ -117,6 +117,7 @@ class Preflight:
     """What the checks found and the trainer uses: files, tokenizer, what to load, warnings."""
     files: List[str] = field(default_factory=list)
     tokenizer_file: str = ""
+    tokenizer_kind: str = "llama"    # the model family's (ModelSpec.tokenizer): build_tokenizer(kind, file)
     eval_files: Optional[List[str]] = None
     checkpoint_source: Optional[Tuple[str, Any, bool]] = None   # (root or "file", step or path, resume)
     warnings: List[str] = field(default_factory=list)
@@ -284,6 +285,8 @@ class _Checks:
                 errors += e.errors
         if not shape.predicting:
             self.earlier_run()
+        from ..models import get_model_spec
+        found.tokenizer_kind = get_model_spec(cfg.model.arch.type).tokenizer
         found.tokenizer_file = self.tokenizer_file()
         found.eval_files = self.eval_files() if not shape.predicting else None
         if shape.sharded_dp and shape.pp > 1 and shape.accumulate > 1:
@@ -436,7 +439,7 @@ class _Checks:
             errors.append(f"{key} = {tok!r}: no such file")
             return tok
         try:
-            pieces = LlamaTokenizer(tok).vocab_size
+            pieces = build_tokenizer(self.found.tokenizer_kind, tok).vocab_size
         except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError variants
             errors.append(f"{key} = {tok!r}: not a sentencepiece model ({type(e).__name__}: {e})")
             return tok
