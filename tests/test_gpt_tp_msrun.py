@@ -16,6 +16,9 @@ TP4 = job("gpt_tp4", 4, "tests.bodies.gpt_tp_body:run",
           {"configs": {"tp4": (1, 4, False)}, "modes": ["pynative"]}, timeout=600, group=__name__)
 DP2_TP2 = job("gpt_dp2_tp2", 4, "tests.bodies.gpt_tp_body:run",
               {"configs": {"dp2_tp2": (2, 2, False)}, "modes": ["jit"]}, timeout=600, group=__name__)
+# packed rows (loss_mask, position_ids, segment_ids as model inputs) at dp2 x tp2, both modes
+PACKED = job("gpt_dp2_tp2_packed", 4, "tests.bodies.gpt_tp_body:run",
+             {"configs": {"dp2_tp2_packed": (2, 2, False, True)}}, timeout=600, group=__name__)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +33,11 @@ def _merge(results, key):
             full = merged.setdefault(name, np.full(shape, np.nan, np.float32))
             full[tuple(slice(a, b) for a, b in slices)] = local
     return merged
+
+
+@pytest.fixture(scope="module")
+def single_process_packed():
+    return reference(("pynative", "jit"), packed=True)
 
 
 def _check(results, ref, names, modes=None):
@@ -60,3 +68,11 @@ def test_tp2_and_tp2_sequence_parallel(single_process):
 def test_tp4_and_dp2_tp2(single_process):
     _check(TP4.results(), single_process, TP4.kwargs["configs"], {"tp4": ["pynative"]})
     _check(DP2_TP2.results(), single_process, DP2_TP2.kwargs["configs"], {"dp2_tp2": ["jit"]})
+
+
+def test_dp2_tp2_with_packed_rows_positions_and_loss_mask(single_process, single_process_packed):
+    """The batch's loss_mask / position_ids / segment_ids split over dp with the tokens: the masked mean over the
+    whole batch (count reduced before the division), by-position rotary and the per-row document mask under
+    tp give the one-process losses and weights in both modes."""
+    _check(PACKED.results(), single_process_packed, PACKED.kwargs["configs"])
+    assert abs(single_process_packed["pynative"]["losses"][0] - single_process["pynative"]["losses"][0]) > 1e-3

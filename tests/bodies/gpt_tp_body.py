@@ -27,7 +27,19 @@ def batches(batch=4, seq=16, vocab=256):
     return [pair[i % 2] for i in range(STEPS)]
 
 
-def train(model, data, slicer, mode):
+def packed_inputs(batch=4, seq=16):
+    """loss_mask, position_ids, segment_ids of packed rows: two documents per row, cut at a different place
+    in each row, the first few tokens of each row masked out of the loss (a prompt)."""
+    cuts = [5, 9, 3, 12][:batch]
+    positions = np.stack([np.concatenate([np.arange(c), np.arange(seq - c)]) for c in cuts]).astype(np.int32)
+    segments = np.stack([np.array([0] * c + [1] * (seq - c)) for c in cuts]).astype(np.int32)
+    mask = np.ones((batch, seq), np.float32)
+    for row, c in enumerate(cuts):
+        mask[row, :2 + row] = 0.0
+    return mask, positions, segments
+
+
+def train(model, data, slicer, mode, packed=False):
     params = model.trainable_params()
     # Momentum, not Adam: Adam divides by sqrt(v) + eps, which turns fp32 reduction-order noise
     # (~1e-7 relative in the gradients) on elements with |g| ~ eps into ~1e-3 weight differences
@@ -36,26 +48,27 @@ def train(model, data, slicer, mode):
     reducer = GradientReducer(params)
     grad_fn = ms.value_and_grad(model, None, params)
 
-    def step(ids, labels):
-        loss, grads = grad_fn(ids, labels)
+    def step(*batch):
+        loss, grads = grad_fn(*batch)
         opt(reducer(grads))
         return loss
 
     run = ms.jit(step) if mode == "jit" else step
+    extras = [slicer(a) for a in packed_inputs()] if packed else []
     losses = []
     for tokens in data:
         ids, labels = slicer(tokens[:, :-1]), slicer(tokens[:, 1:])
-        losses.append(float(run(Tensor(ids), Tensor(labels))))
+        losses.append(float(run(*(Tensor(a) for a in [ids, labels] + extras))))
     return losses
 
 
-def reference(modes=("pynative",)):
-    """Single process, no parallelism: losses and final weights."""
+def reference(modes=("pynative",), packed=False):
+    """Single process, no parallelism: losses and final weights (``packed``: with packed_inputs())."""
     out = {}
     for mode in modes:
         ms.set_seed(0)
         model = GPTModel(make_config())
-        losses = train(model, batches(), lambda a: a, mode)
+        losses = train(model, batches(), lambda a: a, mode, packed)
         out[mode] = {"losses": losses, "weights": {p.name: p.asnumpy() for p in model.trainable_params()}}
     return out
 
@@ -65,16 +78,17 @@ def run(configs, modes=("pynative", "jit"), with_reference=False):
     result = {}
     if with_reference and rank == 0:
         result["reference"] = reference(modes)
-    for name, (dp, tp, sp) in configs.items():
+    for name, (dp, tp, sp, *packed) in configs.items():
+        packed = bool(packed and packed[0])    # (dp, tp, sp, True): with loss_mask, position_ids, segment_ids
         for mode in modes:
             ms.set_seed(0)
             config = make_config(dp, tp, sp)
             model = GPTModel(config)
             sample = batches()[0]
-            parallelize(model, config, sample[:, :-1], sample[:, 1:])
+            parallelize(model, config, sample[:, :-1], sample[:, 1:], *(packed_inputs() if packed else ()))
             layout = sharding_plan_of(model).input_layouts[0]
             shape = sample[:, :-1].shape
-            losses = train(model, batches(), lambda a: a[layout.local_slice(shape, rank)], mode)
+            losses = train(model, batches(), lambda a: a[layout.local_slice(shape, rank)], mode, packed)
             shards = {}
             for p in model.trainable_params():
                 sl = layout_of(p).local_slice(global_shape_of(p), rank)
