@@ -2,14 +2,14 @@
 import sys
 
 from .api import hsdp
-from .cell import HSDPCell, TrainStep
+from .cell import HSDPCell, HsdpTrainStep, hsdp_update
 from .pipeline import HSDPStages, PipelineTrainStep, hsdp_stages, stage_dp_ranks
 from .plan import (LEVELS, ParamPlan, check_hsdp_arguments, check_stage_dp_ranks, plan_param, plan_table,
                    shard_rank_lists, zero_bytes)
 
-__all__ = ["HSDPCell", "HSDPStages", "LEVELS", "ParamPlan", "PipelineTrainStep", "TrainStep",
-           "check_hsdp_arguments", "check_stage_dp_ranks", "hsdp", "hsdp_stages", "plan_param", "plan_table",
-           "shard_rank_lists", "stage_dp_ranks", "zero_bytes"]
+__all__ = ["HSDPCell", "HSDPStages", "HsdpTrainStep", "LEVELS", "ParamPlan", "PipelineTrainStep",
+           "check_hsdp_arguments", "check_stage_dp_ranks", "hsdp", "hsdp_stages", "hsdp_update", "plan_param",
+           "plan_table", "shard_rank_lists", "stage_dp_ranks", "zero_bytes"]
 
 
 class _CallablePackage(type(sys.modules[__name__])):

@@ -1,6 +1,7 @@
 """The model wrapped by ``hsdp``: ``HSDPCell`` owns the sharding plan, the groups and the
-collectives; ``TrainStep`` is its compiled/PyNative training micro-step; ``norm_clipper`` the
-global-norm clipping of hsdp-reduced gradients (shared with ``pipeline.py``).
+collectives; ``HsdpTrainStep`` is its compiled/PyNative training micro-step; ``hsdp_update`` the
+reduce -> clip -> guard -> update of an hsdp step and ``norm_clipper`` the global-norm clipping of
+hsdp-reduced gradients (both shared with ``pipeline.py``).
 
 See ``api.py`` for the entry point ``hsdp(cell, ...)``, ``plan.py`` for how ranks and parameters
 are split, ``step.py`` for the step's Cells and docs/hsdp.md for the whole story.
@@ -19,11 +20,13 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 from ..common.graphs import compile_blocking
 from ..distributed.env import get_env
 from ..distributed.process_group import new_group
+from ..optim.clip import ClipGradNorm
+from ..optim.update import GradientUpdate
 from ..sharding.annotations import is_sharded_parameter, layout_of
 from ..sharding.layout import as_layout
-from ..sharding.parallelizer import forget_cached_shapes
+from ..sharding.parallelizer import GradientReducer, forget_cached_shapes
 from . import plan as P
-from .step import (Accumulate, Comm, Drain, MultiGather, MultiGradReducer, ShardedUpdate,
+from .step import (Accumulate, Comm, Drain, HsdpReduce, MultiGather, MultiGradReducer, ShardedUpdate,
                    accumulation_buffers)
 from .units import UnitGathering
 
@@ -383,9 +386,9 @@ class HSDPCell(nn.Cell):
     # ---- the training step ------------------------------------------------------------------
     def train_step(self, loss_fn: Callable, optimizer, mode: str = "pynative",
                    max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
-                   norm_weights: Optional[Sequence[float]] = None, step_guard=None) -> "TrainStep":
-        """A callable ``step(*batch) -> loss`` doing one micro-step (see ``TrainStep``)."""
-        return TrainStep(self, loss_fn, optimizer, mode, max_grad_norm, norm_groups, norm_weights, step_guard)
+                   norm_weights: Optional[Sequence[float]] = None, step_guard=None) -> "HsdpTrainStep":
+        """A callable ``step(*batch) -> loss`` doing one micro-step (see ``HsdpTrainStep``)."""
+        return HsdpTrainStep(self, loss_fn, optimizer, mode, max_grad_norm, norm_groups, norm_weights, step_guard)
 
 
 def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm: Optional[float],
@@ -399,7 +402,6 @@ def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm:
     shard of the dense parameters lies in it; each piece is weighted by 1 / its copies there."""
     if max_grad_norm is None:
         return None
-    from ..optim.clip import ClipGradNorm
     params = wrapped.params_of(plans)
     group, copies = wrapped.norm_group()
     weights = [1.0 / copies(p, pl) for p, pl in zip(params, plans)]
@@ -411,10 +413,41 @@ def norm_clipper(wrapped: HSDPCell, plans: Sequence[P.ParamPlan], max_grad_norm:
     return ClipGradNorm(max_grad_norm, groups, weights)
 
 
-class TrainStep:
+def hsdp_update(wrapped: HSDPCell, optimizer, max_grad_norm: Optional[float] = None, norm_groups: Sequence = (),
+                norm_weights: Optional[Sequence[float]] = None, step_guard=None, accumulate: int = 1,
+                drain: Optional[Drain] = None, pipeline_groups: Optional[Callable[[], list]] = None) -> GradientUpdate:
+    """The reduce -> clip -> guard -> update of an hsdp step (``HsdpTrainStep`` and the pipeline's
+    ``PipelineTrainStep``): ``GradientUpdate(HsdpReduce(...), ShardedUpdate, clip, guard)``.
+
+    A model sharded by ``parallelize`` already returns the global loss and scales its backward by
+    1/dp (its gradients are partial sums over dp): they are summed over dp, after the model-parallel
+    axes (e.g. tp for sequence-parallel norm weights); a replicated model's local gradients are
+    averaged. ``accumulate`` micro-steps (their sums, ``drain``) divide the gradients once more.
+    ``pipeline_groups()`` (with clipping; called after the reductions are built, as every rank
+    creates its groups in the same order): the pipeline groups the squared norms are summed over,
+    before ``norm_groups``."""
+    plans = wrapped.optimizer_plans(optimizer)
+    params = tuple(optimizer.parameters)
+    dp = wrapped.dp_group.size
+    sharded_model = any(is_sharded_parameter(p) for p in params)
+    mp_reducer = GradientReducer(params, skip_axes=wrapped.reduce_skip_axes) if sharded_model else None
+    scale = 1.0 / accumulate if sharded_model else 1.0 / (dp * accumulate)
+    reduce = HsdpReduce(wrapped.grad_reducer(params, scale), mp_reducer, float(dp) if sharded_model else 1.0, drain)
+    apply = wrapped.sharded_update(optimizer, params_sharded=wrapped.units is not None)
+    if max_grad_norm is not None and pipeline_groups is not None:
+        norm_groups = list(pipeline_groups()) + list(norm_groups)
+    clip = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
+    guard = step_guard if step_guard is not None and step_guard.enabled else None
+    # every output a Tensor (the loss stands for a norm not computed): a graph holding data-dependent
+    # shapes keeps MindSpore's asynchronous launch (common/graphs.py)
+    return GradientUpdate(reduce, apply, clip, guard, tensor_outputs=True)
+
+
+class HsdpTrainStep:
     """One micro-step per call: ``loss_fn(*batch)`` (a function or Cell computing the loss of
     this rank's batch with the wrapped model), gradients, and on every
-    ``accumulate_grad_step``-th call the reduction, optional clipping and the optimizer step.
+    ``accumulate_grad_step``-th call the reduction, optional clipping and the optimizer step
+    (``hsdp_update``: one ``optim.GradientUpdate``).
 
     Returns this micro-step's local loss, except on the last micro-step: the loss averaged over
     the micro-steps and the data-parallel group (the global-batch loss for a mean loss).
@@ -439,59 +472,24 @@ class TrainStep:
         self.wrapped, self.mode = wrapped, mode
         plans = wrapped.optimizer_plans(optimizer)
         self.params = tuple(optimizer.parameters)
-        k, dp = wrapped.accumulate_grad_step, wrapped.dp_group.size
+        k = wrapped.accumulate_grad_step
         self.k, self.micro = k, 0
         self.grad_fn = ms.value_and_grad(loss_fn, None, ParameterTuple(self.params))
-        # A model sharded by ``parallelize`` already returns the global loss and scales its
-        # backward by 1/dp (its gradients are partial sums over dp): sum them over dp, and first
-        # sum the model-parallel axes (e.g. tp for sequence-parallel norm weights).
-        self.sharded_model = any(is_sharded_parameter(p) for p in self.params)
-        self.model_parallel_reducer = None
-        if self.sharded_model:
-            from ..sharding.parallelizer import GradientReducer
-            self.model_parallel_reducer = GradientReducer(self.params, skip_axes=wrapped.reduce_skip_axes)
-        self.loss_scale = float(dp) if self.sharded_model else 1.0
-        scale = 1.0 / k if self.sharded_model else 1.0 / (dp * k)
-        self.reducer = wrapped.grad_reducer(self.params, scale)
         self.units = wrapped.units
-        self.updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
-        if self.units is not None and mode == "jit":
-            self.units.make_islands()
-        self.clipper = norm_clipper(wrapped, plans, max_grad_norm, norm_groups, norm_weights)
-        if step_guard is not None and step_guard.enabled and self.clipper is None:
-            raise ValueError("train_step: step_guard reads the global gradient norm; give max_grad_norm "
-                             "(math.inf computes the norm without clipping)")
-        self.guard = step_guard if step_guard is not None and step_guard.enabled else None
-        self.accumulate = self.drain = None
+        self.accumulate = drain = None
         if k > 1:
             bufs, loss_buf = accumulation_buffers(plans, self.params, wrapped._tag)
-            self.accumulate, self.drain = Accumulate(bufs, loss_buf), Drain(bufs, loss_buf)
-        self._fns: Dict[int, tuple] = {}
+            self.accumulate, drain = Accumulate(bufs, loss_buf), Drain(bufs, loss_buf)
+        if self.units is not None and mode == "jit":
+            self.units.make_islands()
+        self.update = hsdp_update(wrapped, optimizer, max_grad_norm, norm_groups, norm_weights, step_guard, k, drain)
+        self.steps: Dict[int, Tuple[Callable, Callable]] = {}   # by batch length: (micro_step, full_step)
         self.grad_norm = None   # the last optimizer step's global norm (before clipping), when clipping
 
     def _build(self, n: int):
-        grad_fn, reducer, updater = self.grad_fn, self.reducer, self.updater
-        clipper, accumulate, drain = self.clipper, self.accumulate, self.drain
-        accumulating, clipping = drain is not None, clipper is not None
-        mp_reducer, sharded_model, loss_scale = self.model_parallel_reducer, self.sharded_model, self.loss_scale
-        guard = self.guard
-
-        def reduce_and_update(grads, loss):
-            if accumulating:
-                grads, loss = drain(grads, loss)
-            if sharded_model:
-                grads = mp_reducer(grads)
-            grads, loss = reducer(grads, loss)
-            if sharded_model:
-                loss = loss / loss_scale     # every rank held the global loss: undo the dp sum
-            norm = loss
-            if clipping:
-                grads, norm = clipper(grads)
-            shards = updater(grads, guard(norm) if guard is not None else None)
-            return loss, shards, norm
-
+        grad_fn, update, accumulate = self.grad_fn, self.update, self.accumulate
         if self.units is not None:   # level3 per unit: the forward/backward changes parameter shapes
-            return self._build_per_unit(n, reduce_and_update)
+            return self._build_per_unit(n)
 
         def micro_step(*args):
             loss, grads = grad_fn(*args[:n])
@@ -499,18 +497,18 @@ class TrainStep:
 
         def full_step(*args):
             loss, grads = grad_fn(*args[:n])
-            return reduce_and_update(grads, loss)
+            return update(grads, loss)
 
         if self.mode == "jit":
             model = [self.wrapped.network]
             return compile_blocking(micro_step, cells=model), compile_blocking(full_step, cells=model)
         return micro_step, full_step
 
-    def _build_per_unit(self, n: int, reduce_and_update):
-        grad_fn, accumulate, units, jit = self.grad_fn, self.accumulate, self.units, self.mode == "jit"
+    def _build_per_unit(self, n: int):
+        grad_fn, accumulate, units, jit, update = self.grad_fn, self.accumulate, self.units, self.mode == "jit", self.update
 
         def finish(grads, loss, *params):   # the parameters as arguments: read at every call
-            return reduce_and_update(grads, loss)
+            return update(grads, loss)
 
         def add(grads, loss):
             return accumulate(grads, loss)
@@ -532,9 +530,9 @@ class TrainStep:
         return micro_step, full_step
 
     def __call__(self, *batch):
-        fns = self._fns.get(len(batch))
+        fns = self.steps.get(len(batch))
         if fns is None:
-            fns = self._fns[len(batch)] = self._build(len(batch))
+            fns = self.steps[len(batch)] = self._build(len(batch))
         micro_step, full_step = fns
         if self.units is not None and self.wrapped.holds_full_params:
             raise RuntimeError("hsdp level3: the train step runs on the shards (each unit gathers its own "
@@ -543,6 +541,6 @@ class TrainStep:
             self.micro += 1
             return micro_step(*batch, *self.params)
         self.micro = 0
-        loss, _, norm = full_step(*batch, *self.params)
-        self.grad_norm = norm if self.clipper is not None else None
+        loss, norm, _ = full_step(*batch, *self.params)
+        self.grad_norm = norm if self.update.clip is not None else None
         return loss

@@ -15,7 +15,8 @@ communication per microbatch: hsdp calls ``stage.delegate_dp_reduction(wrapped)`
 all-reduce over ``stage.dp_group`` is skipped); then once: the gradients are reduced over the stage's dp group
 (level1: all-reduce; level2/3: reduce-scatter over the shard group + all-reduce over the
 replicas), optionally clipped by the global norm over every pipeline stage, and the optimizer
-updates this rank's shards (level1/2 all-gather them into the full parameters; level3 updates
+updates this rank's shards (``cell.hsdp_update``: the same reduce -> clip -> guard -> update as
+``HsdpTrainStep``) (level1/2 all-gather them into the full parameters; level3 updates
 the shards in place).
 
 Nothing here imports the pipeline package (same layer): stages are used through their public
@@ -34,9 +35,8 @@ from mindspore import Tensor, nn
 from ..common.graphs import compile_blocking
 from ..distributed.env import get_env
 from ..distributed.process_group import ProcessGroup, new_group
-from ..sharding.annotations import is_sharded_parameter
 from . import plan as P
-from .cell import HSDPCell, norm_clipper
+from .cell import HSDPCell, hsdp_update
 from .groups import dp_ranks, plan_dp_ranks
 
 STAGE_ATTRS = ("cell", "params", "stage_index", "stage_num", "dp_group")
@@ -190,7 +190,7 @@ class PipelineTrainStep:
             raise ValueError(f"train_step: the schedule runs stages {theirs} but hsdp wraps stages {mine}; "
                              "build the schedule from the same PipelineStage objects")
         self.wrapped, self.schedule, self.mode = wrapped, schedule, mode
-        plans = wrapped.optimizer_plans(optimizer)
+        wrapped.optimizer_plans(optimizer)   # checks the optimizer first
         self.params = tuple(optimizer.parameters)
         where = {}
         for si, st in enumerate(wrapped.stages):
@@ -198,46 +198,24 @@ class PipelineTrainStep:
                 where[id(p)] = (si, j)
         self.source = tuple(where[id(p)] for p in self.params)
         self.has_last = any(st.stage_index == st.stage_num - 1 for st in wrapped.stages)
-        dp = wrapped.dp_group.size
-        # stages sharded by ``parallelize`` over a dp axis return the global loss and give
-        # dp-partial gradients (sum them); replicated stages give local ones (average them)
-        sharded_model = any(is_sharded_parameter(p) for p in self.params)
-        mp_reducer = None
-        if sharded_model:
-            from ..sharding.parallelizer import GradientReducer
-            mp_reducer = GradientReducer(self.params, skip_axes=wrapped.reduce_skip_axes)
-        loss_scale = float(dp) if sharded_model else 1.0
-        reducer = wrapped.grad_reducer(self.params, 1.0 if sharded_model else 1.0 / dp)
         self.units = wrapped.units
-        updater = wrapped.sharded_update(optimizer, params_sharded=self.units is not None)
-        if self.units is not None and mode == "jit":
+        if self.units is not None and mode == "jit":   # before the runtime exists: it reads compiled_inside
             self.units.make_islands()
             for st in wrapped.stages:
                 st.compiled_inside = True
-        clipper = None
-        if max_grad_norm is not None:   # each stage's parameters live on one pipeline rank: sum over pp too
+
+        def pipeline_groups():   # each stage's parameters live on one pipeline rank: norms summed over pp too
             pp_ranks = schedule.runtime(mode).pp_ranks
-            pp_groups = [new_group(pp_ranks)] if len(pp_ranks) > 1 else []
-            clipper = norm_clipper(wrapped, plans, max_grad_norm, pp_groups + list(norm_groups), norm_weights)
+            return [new_group(pp_ranks)] if len(pp_ranks) > 1 else []
+        # stages sharded by ``parallelize`` over a dp axis return the global loss and give
+        # dp-partial gradients (sum them); replicated stages give local ones (average them)
+        self.update = update = hsdp_update(wrapped, optimizer, max_grad_norm, norm_groups, norm_weights, step_guard,
+                                           pipeline_groups=pipeline_groups)
         self.grad_norm = None
         self._zero_loss = Tensor(np.zeros((), np.float32))
-        self.clipping = clipping = clipper is not None
-        guard = step_guard if step_guard is not None and step_guard.enabled else None
-        if guard is not None and not clipping:
-            raise ValueError("train_step: step_guard reads the global gradient norm; give max_grad_norm "
-                             "(math.inf computes the norm without clipping)")
 
-        def reduce_and_update(grads, loss, *params):
-            if sharded_model:
-                grads = mp_reducer(grads)
-            grads, loss = reducer(grads, loss)
-            if sharded_model:
-                loss = loss / loss_scale     # every rank held the global loss: undo the dp sum
-            norm = loss
-            if clipping:
-                grads, norm = clipper(grads)
-            shards = updater(grads, guard(norm) if guard is not None else None)
-            return loss, shards, norm
+        def reduce_and_update(grads, loss, *params):   # the parameters as arguments: read at every call
+            return update(grads, loss)
 
         self.fn = compile_blocking(reduce_and_update) if mode == "jit" else reduce_and_update
 
@@ -254,8 +232,8 @@ class PipelineTrainStep:
         local = loss if loss is not None else self._zero_loss
         if self.mode == "jit":   # a plain tuple of Tensors is a constant to ms.jit: recompiled per call
             grads = ms.mutable(grads)
-        loss, _, norm = self.fn(grads, local, *self.params)
-        self.grad_norm = norm if self.clipping else None
+        loss, norm, _ = self.fn(grads, local, *self.params)
+        self.grad_norm = norm if self.update.clip is not None else None
         # a rank without the last stage returns the stage-local losses its stages made (e.g. a MoE
         # stage's load-balancing loss), reduced over dp as the last stage's loss is; None when it made none
         return loss if self.has_last or made is not None else None

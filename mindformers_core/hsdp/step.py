@@ -11,7 +11,9 @@
   bucketed all-gather of the updated shards into the full parameters (level1/2), or the new
   shards returned (level3: the caller keeps them and drops the full parameters);
 * ``Gather``: level3's bucketed all-gather of the shards before a step;
-* ``Accumulate`` / ``Drain``: gradient accumulation in local buffers, no communication.
+* ``Accumulate`` / ``Drain``: gradient accumulation in local buffers, no communication;
+* ``HsdpReduce``: drain, model-parallel sum, data-parallel reduction: the ``reduce`` of the step's
+  ``optim.GradientUpdate`` (reduce -> clip -> guard -> ``ShardedUpdate``).
 
 Buckets: a parameter split on dim ``d`` is moved to ``d``-first and viewed as ``(S, -1)``: row
 ``j`` is shard ``j``. Rows of all sharded parameters are concatenated, so one reduce-scatter /
@@ -306,6 +308,30 @@ class MultiGradReducer(nn.Cell):
         for i in range(self.n):
             out = out + (outs[self.where[i][0]][self.where[i][1]],)
         return out, total
+
+
+class HsdpReduce(nn.Cell):
+    """``construct(grads, loss) -> (grads, loss)``: hsdp's reduction, the ``reduce`` of its
+    ``optim.GradientUpdate``: the accumulated micro-steps added (``drain``), the model-parallel axes
+    summed first (``mp_reducer``, a model sharded by ``parallelize``), then ``reducer`` over each
+    parameter's data-parallel domain (``MultiGradReducer``: all-reduce, or reduce-scatter to this
+    rank's shard); a sharded model held the global loss on every rank, so the dp sum of the loss is
+    divided by ``loss_scale`` (the dp size) again."""
+
+    def __init__(self, reducer: nn.Cell, mp_reducer=None, loss_scale: float = 1.0, drain=None):
+        super().__init__(auto_prefix=False)
+        self.reducer, self.mp_reducer, self.drain = reducer, mp_reducer, drain
+        self.loss_scale = float(loss_scale)
+
+    def construct(self, grads, loss):
+        if self.drain is not None:
+            grads, loss = self.drain(grads, loss)
+        if self.mp_reducer is not None:
+            grads = self.mp_reducer(grads)
+        grads, loss = self.reducer(grads, loss)
+        if self.mp_reducer is not None:
+            loss = loss / self.loss_scale     # every rank held the global loss: undo the dp sum
+        return grads, loss
 
 
 class Accumulate(nn.Cell):

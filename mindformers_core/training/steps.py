@@ -1,29 +1,37 @@
-"""One training step ``(ids, labels) -> (loss, grad_norm)`` for every combination the trainer runs.
+"""One training step ``step_fn(*batch) -> (loss, grad_norm)`` for every combination the trainer runs.
 
-A step is built from three choices:
+``batch`` is a tuple of tensors in the model's argument order (``(ids, labels)``, later also
+``loss_mask``, ``position_ids``...). A step is assembled from three choices:
 
 * where gradients come from: one ``value_and_grad`` of the model, or a pipeline schedule run over
-  this rank's stages (the last stage's loss shared with every pipeline rank for logging);
-* who reduces, clips and updates: our ``GradientReducer`` + ``ClipGradNorm`` + ``AdamW``, or hsdp
-  (``parallel.enable_parallel_optimizer``: ZeRO over the data-parallel axis, which also owns
-  accumulation and clipping);
-* how many micro-steps: ``gradient_accumulation_steps`` slices of the local batch, gradients summed
-  and their mean applied once (the same update as one batch of all rows).
+  this rank's stages (the last stage's loss shared with every pipeline rank for logging; a
+  pipeline takes ``(ids, labels)`` only);
+* who reduces and updates: ``optim.GradientUpdate`` (reduce -> clip -> guard -> update) over our
+  ``GradientReducer`` + ``ClipGradNorm`` + ``StepGuard`` + ``AdamW`` (``plain_step_fn``), or hsdp
+  (``parallel.enable_parallel_optimizer``: ZeRO over the data-parallel axis; its step runs the same
+  ``GradientUpdate`` with its own reduction and sharded update, and owns the gradients, see
+  ``hsdp_step_fn``);
+* how many micro-steps: ``gradient_accumulation_steps`` slices (dim 0 of every batch tensor), gradients
+  summed and their mean applied once (the same update as one batch of all rows); hsdp accumulates in
+  its own buffers and communicates on the last micro-step only.
 
-Under jit (``context.mode: 0``) the plain step is one compiled graph; with accumulation or a
-pipeline, the gradient function and the update are compiled and driven by a Python loop.
+Under jit (``context.mode: 0``) the plain model step with one micro-step is one compiled graph; with
+accumulation or a pipeline, the gradient function and the update are compiled and driven by a
+Python loop. In PyNative the bad-step guard decides on the host (``GradientUpdate.eager``).
 """
 from __future__ import annotations
 
 import fnmatch
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import mindspore as ms
+from mindspore import nn
 
 from ..common.graphs import compile_blocking
 from ..optim import AdamW, ClipGradNorm, StepGuard, build_lr_schedule, replication_weights
+from ..optim.update import GradientUpdate
 from ..pipeline.schedules import build_schedule
 from ..sharding.parallelizer import GradientReducer
 from .config import Config, ConfigError
@@ -31,10 +39,13 @@ from .model_builder import BuiltModel
 from .shape import JobShape
 from .topology import Topology
 
+# the batch a pipeline feeds its stages: ids to the first stage, labels to the last
+PIPELINE_BATCH = ("input_ids", "labels")
+
 
 @dataclass
 class TrainStep:
-    step_fn: Callable            # (ids, labels) -> (loss, grad_norm); grad_norm None when nothing needs it
+    step_fn: Callable            # (*batch) -> (loss, grad_norm); grad_norm None when nothing needs it
     optimizer: AdamW
     lr: object                   # the lr schedule (``lr.at(step)``)
     wrapped: Optional[object]    # the hsdp wrapper, when hsdp owns the update
@@ -48,11 +59,12 @@ def clip_limit(max_grad_norm: float) -> float:
     return max_grad_norm if max_grad_norm > 0 else math.inf
 
 
-def micro_slices(ids, labels, k: int) -> Iterator[Tuple[object, object]]:
-    """The ``k`` equal row slices of a local batch, in order (gradient-accumulation micro-steps)."""
-    rows = ids.shape[0] // k
+def micro_slices(batch: Sequence, k: int) -> Iterator[tuple]:
+    """The ``k`` equal row slices (dim 0) of every tensor of a local batch, in order
+    (gradient-accumulation micro-steps): ``k`` tuples shaped like ``batch``."""
+    rows = batch[0].shape[0] // k
     for i in range(k):
-        yield ids[i * rows:(i + 1) * rows], labels[i * rows:(i + 1) * rows]
+        yield tuple(t[i * rows:(i + 1) * rows] for t in batch)
 
 
 def build_lr(cfg: Config, total_steps: int):
@@ -115,118 +127,178 @@ def relax_actor_threads() -> None:
 
 
 def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltModel, total_steps: int,
-                     inject_nan: bool = False) -> TrainStep:
-    """``inject_nan`` (fault drills, ``training.faults``): the gradients pass through a factor the
-    trainer sets to NaN at the chosen step (not with hsdp, which reduces inside its own step)."""
+                     inject_nan: bool = False, batch_keys: Sequence[str] = PIPELINE_BATCH) -> TrainStep:
+    """The step of this job (module docstring). ``inject_nan`` (fault drills, ``training.faults``): the
+    gradients pass through a factor the trainer sets to NaN at the chosen step (not with hsdp, which
+    reduces inside its own step). ``batch_keys``: the names of the tensors ``step_fn`` takes, in order
+    (checked here: a pipeline takes ``PIPELINE_BATCH`` only)."""
+    if shape.pp > 1:
+        check_pipeline_batch(batch_keys)
     params = built.params
     guard = build_guard(cfg)
     lr = build_lr(cfg, total_steps)
     oc = cfg.optimizer
     optimizer = AdamW(params, lr, betas=tuple(oc.betas), eps=float(oc.eps), weight_decay=float(oc.weight_decay))
-    tp_groups, axis_groups = [], {}
-    mesh = built.plan.mesh if built.plan is not None else None
-    # axes whose ranks hold different pieces of the same model: tp, and ep (each rank holds its experts,
-    # the dense weights are replicated there): squared norms add up over them, replicas weighted 1/size
-    for axis in ("tp", "ep"):
-        if mesh is not None and mesh.has_axis(axis) and mesh.axis_size(axis) > 1:
-            from ..sharding.dtensor import device_mesh_of
-            axis_groups[axis] = device_mesh_of(mesh).get_group(axis)
-            tp_groups.append(axis_groups[axis])
-    pp_group = None
-    if shape.pp > 1:    # stages hold different parameters: their squared norms add up over pp
-        from ..distributed.process_group import new_group
-        pp_group = new_group(topo.pp_ranks)
-    weights = _copy_norm_weights(topo, params, replication_weights(params, axis_groups) if axis_groups else None)
+    norms = _NormGroups(shape, topo, built)
     limit = clip_limit(float(cfg.runner_config.max_grad_norm))
     stages, schedule = _pipeline_schedule(shape, topo, built) if shape.pp > 1 else (None, None)
-    feed = _StageFeed(topo, pp_group)
+    feed = _StageFeed(topo, norms.pp_group, batch_keys) if schedule is not None else None
+    k = shape.accumulate
     if shape.sharded_dp:
         wrapped = _hsdp(cfg, shape, built, stages)
-        target = schedule if schedule is not None else built.model
         # hsdp's own norm group already spans the ep slices (each expert domain weighted by its copies,
         # hsdp/cell.py norm_clipper): give it tp only, or the experts' squares are counted ep times
         # (measured: pp2 x dp2 x ep2 level2 norm 1.22943 vs one process 1.22647)
-        hsdp_groups = [axis_groups["tp"]] if "tp" in axis_groups else []
-        hsdp_weights = replication_weights(params, {"tp": axis_groups["tp"]}) if "tp" in axis_groups else None
-        hsdp_step = wrapped.train_step(target, optimizer, mode=shape.mode_name, max_grad_norm=limit,
-                                       norm_groups=hsdp_groups, norm_weights=hsdp_weights, step_guard=guard)
-        if schedule is not None:
-            def pipeline_step(ids, labels):
-                return feed.shared_loss(hsdp_step(*feed.inputs(ids, labels))), hsdp_step.grad_norm
-            return TrainStep(pipeline_step, optimizer, lr, wrapped, guard)
-
-        def micro_steps(ids, labels):      # hsdp accumulates: communication on the last micro-step only
-            for mids, mlabels in micro_slices(ids, labels, shape.accumulate):
-                loss = hsdp_step(mids, mlabels)
-            return loss, hsdp_step.grad_norm
-        return TrainStep(micro_steps, optimizer, lr, wrapped, guard)
+        tp = norms.axis_groups.get("tp")
+        hsdp_step = wrapped.train_step(schedule if schedule is not None else built.model, optimizer,
+                                       mode=shape.mode_name, max_grad_norm=limit, norm_groups=[tp] if tp else [],
+                                       norm_weights=replication_weights(params, {"tp": tp}) if tp else None,
+                                       step_guard=guard)
+        return TrainStep(hsdp_step_fn(hsdp_step, feed, k), optimizer, lr, wrapped, guard)
 
     poison = None
     if inject_nan:
         poison = ms.Parameter(ms.Tensor(1.0, ms.float32), name="mfc_fault_poison", requires_grad=False)
-    reducer = GradientReducer(params)
-    clip = None
-    if norm_needed(cfg, limit, guard):
-        clip = ClipGradNorm(limit, tp_groups + ([pp_group] if pp_group is not None else []), weights)
-    k = shape.accumulate
-
-    def clipped(grads):
-        if poison is not None:
-            grads = tuple(g * poison for g in grads)
-        if k > 1:
-            grads = tuple(g / k for g in grads)
-        grads = reducer(grads)
-        return clip(grads) if clip is not None else (grads, None)
-
-    def update(grads):          # in a graph: the guard's decision is a Tensor the optimizer reads
-        grads, norm = clipped(grads)
-        optimizer(grads, guard(norm) if guard is not None else None)
-        return norm
-
-    def eager_update(grads):    # PyNative: decided on the host (one read of the norm), so a step
-        grads, norm = clipped(grads)     # runs the fused update alone and a skipped one nothing
-        if guard is None or guard.is_ok(float(norm.asnumpy())):
-            optimizer(grads)
-        return norm
-
+    clip = ClipGradNorm(limit, norms.clip_groups, norms.weights) if norm_needed(cfg, limit, guard) else None
+    update = GradientUpdate(PlainReduce(params, k, poison), optimizer, clip, guard)
     if schedule is not None:
-        def grads_of(ids, labels):
-            loss = schedule.run(*feed.inputs(ids, labels), mode=shape.mode_name)
-            return feed.shared_loss(loss), tuple(g for st in stages for g in st.grads)
+        step = plain_step_fn(_PipelineGradients(schedule, stages, feed, shape.mode_name), update, k, shape.jit)
     else:
-        grad_fn = ms.value_and_grad(built.model, None, params)
-        if k == 1:          # the whole step as one function (one graph under jit)
-            def step(ids, labels):
-                loss, grads = grad_fn(ids, labels)
-                return loss, update(grads)
+        step = plain_step_fn(ms.value_and_grad(built.model, None, params), update, k, shape.jit, model=built.model)
+    return TrainStep(step, optimizer, lr, None, guard, poison)
 
-            def eager_step(ids, labels):
-                loss, grads = grad_fn(ids, labels)
-                return loss, eager_update(grads)
-            return TrainStep(compile_blocking(step, cells=[built.model]) if shape.jit else eager_step, optimizer, lr,
-                             None, guard, poison)
-        grads_of = compile_blocking(grad_fn, cells=[built.model]) if shape.jit else grad_fn
-    update_fn = compile_blocking(update) if shape.jit else eager_update
 
-    def accumulating_step(ids, labels):
+class PlainReduce(nn.Cell):
+    """The ``reduce`` of the plain step's ``GradientUpdate``: the MFC_FAULT factor (``poison``), the
+    mean of ``k`` summed micro-steps, then the model-parallel sums (``GradientReducer``: the axes of
+    each parameter's grad axes); the loss passes through."""
+
+    def __init__(self, params, k: int = 1, poison=None):
+        super().__init__(auto_prefix=False)
+        self.reducer = GradientReducer(params)
+        self.k, self.poison = k, poison
+
+    def construct(self, grads, loss):
+        if self.poison is not None:
+            grads = tuple(g * self.poison for g in grads)
+        if self.k > 1:
+            grads = tuple(g / self.k for g in grads)
+        return self.reducer(grads), loss
+
+
+def plain_step_fn(gradients: Callable, update: GradientUpdate, k: int, jit: bool, model=None) -> Callable:
+    """``(*batch) -> (loss, norm)``: ``k`` micro-steps of ``gradients(*micro) -> (loss, grads)``, their
+    gradients summed, then ``update`` once. ``model``: ``gradients`` is that model's ``value_and_grad``
+    (compiled under jit; with ``k == 1`` the whole step is one function: one graph); without it (a
+    pipeline) ``gradients`` runs eagerly around its stages' own graphs."""
+    if model is not None and k == 1:
+        def step(*batch):
+            loss, grads = gradients(*batch)
+            loss, norm, _ = update(grads, loss)
+            return loss, norm
+
+        def eager_step(*batch):
+            loss, grads = gradients(*batch)
+            loss, norm, _ = update.eager(grads, loss)
+            return loss, norm
+        return compile_blocking(step, cells=[model]) if jit else eager_step
+    if model is not None and jit:
+        gradients = compile_blocking(gradients, cells=[model])
+
+    def apply(grads, loss):     # in a graph: the guard's decision is a Tensor the optimizer reads
+        loss, norm, _ = update(grads, loss)
+        return loss, norm
+
+    def eager_apply(grads, loss):
+        loss, norm, _ = update.eager(grads, loss)
+        return loss, norm
+    apply_fn = compile_blocking(apply) if jit else eager_apply
+
+    def accumulating_step(*batch):
         total, summed = 0.0, None
-        for mids, mlabels in micro_slices(ids, labels, k):
-            loss, grads = grads_of(mids, mlabels)
+        for micro in micro_slices(batch, k):
+            loss, grads = gradients(*micro)
             total = total + loss
             summed = grads if summed is None else tuple(a + g for a, g in zip(summed, grads))
         # a plain tuple of Tensors is a constant to ms.jit: it would recompile at every step
-        return total / k, update_fn(ms.mutable(summed) if shape.jit else summed)
-    return TrainStep(accumulating_step, optimizer, lr, None, guard, poison)
+        return apply_fn(ms.mutable(summed) if jit else summed, total / k)
+    return accumulating_step
+
+
+def hsdp_step_fn(hsdp_step, feed: Optional["_StageFeed"], k: int) -> Callable:
+    """``(*batch) -> (loss, norm)`` over hsdp's step, which owns the gradients, the accumulation
+    (communication on the last micro-step only) and the update: ``k`` calls on the micro-slices, or
+    one schedule run fed by ``feed`` (a pipeline)."""
+    if feed is not None:
+        def pipeline_step(*batch):
+            return feed.shared_loss(hsdp_step(*feed.inputs(batch))), hsdp_step.grad_norm
+        return pipeline_step
+
+    def micro_steps(*batch):
+        for micro in micro_slices(batch, k):
+            loss = hsdp_step(*micro)
+        return loss, hsdp_step.grad_norm
+    return micro_steps
+
+
+def check_pipeline_batch(batch_keys: Sequence[str]) -> None:
+    """A pipeline feeds its stages ``PIPELINE_BATCH`` only: a ValueError naming any other batch key."""
+    if tuple(batch_keys) != PIPELINE_BATCH:
+        extra = [k for k in batch_keys if k not in PIPELINE_BATCH]
+        raise ValueError(f"pipeline parallelism (pipeline_stage > 1) feeds its stages {list(PIPELINE_BATCH)} only; "
+                         f"this job's batch is {list(batch_keys)} (extra: {extra}): run it without pipeline "
+                         "parallelism, or without those batch keys")
+
+
+class _NormGroups:
+    """The groups the global gradient norm sums over beyond data parallel: the axes whose ranks hold
+    different pieces of the same model (tp, and ep: each rank holds its experts, the dense weights are
+    replicated there; squares weighted 1/copies), and pp (stages hold different parameters;
+    DualPipe's two copies of a stage count half each)."""
+
+    def __init__(self, shape: JobShape, topo: Topology, built: BuiltModel):
+        self.axis_groups = {}
+        mesh = built.plan.mesh if built.plan is not None else None
+        for axis in ("tp", "ep"):
+            if mesh is not None and mesh.has_axis(axis) and mesh.axis_size(axis) > 1:
+                from ..sharding.dtensor import device_mesh_of
+                self.axis_groups[axis] = device_mesh_of(mesh).get_group(axis)
+        self.pp_group = None
+        if shape.pp > 1:
+            from ..distributed.process_group import new_group
+            self.pp_group = new_group(topo.pp_ranks)
+        self.clip_groups = list(self.axis_groups.values()) + ([self.pp_group] if self.pp_group is not None else [])
+        params = built.params
+        self.weights = _copy_norm_weights(topo, params, replication_weights(params, self.axis_groups)
+                                          if self.axis_groups else None)
+
+
+class _PipelineGradients:
+    """``(ids, labels) -> (loss, grads)``: one schedule run over this rank's stages; the loss shared
+    with every pipeline rank, the summed gradients of this rank's stages."""
+
+    def __init__(self, schedule, stages, feed: "_StageFeed", mode: str):
+        self.schedule, self.stages, self.feed, self.mode = schedule, stages, feed, mode
+
+    def __call__(self, *batch):
+        loss = self.schedule.run(*self.feed.inputs(batch), mode=self.mode)
+        return self.feed.shared_loss(loss), tuple(g for st in self.stages for g in st.grads)
 
 
 class _StageFeed:
     """What this rank's pipeline stages take and give: ids on the first stage, labels on the last,
     the loss (made on the last stage's ranks) shared with every pipeline rank for logging."""
 
-    def __init__(self, topo: Topology, pp_group):
+    def __init__(self, topo: Topology, pp_group, batch_keys: Sequence[str] = PIPELINE_BATCH):
         self.first, self.last, self.pp_group = topo.holds_first_stage, topo.holds_last_stage, pp_group
+        self.batch_keys = tuple(batch_keys)
 
-    def inputs(self, ids, labels):
+    def inputs(self, batch: Sequence):
+        if len(batch) != len(PIPELINE_BATCH):
+            extra = list(self.batch_keys[len(PIPELINE_BATCH):]) or [f"tensor {i}" for i in range(2, len(batch))]
+            raise ValueError(f"pipeline: the step takes the batch {list(PIPELINE_BATCH)} only, got {len(batch)} "
+                             f"tensors (extra: {extra})")
+        ids, labels = batch
         return ids if self.first else None, labels if self.last else None
 
     def shared_loss(self, loss):
