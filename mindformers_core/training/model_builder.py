@@ -9,7 +9,7 @@ checkpoint holds one entry per parameter of the whole model.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional
 
 import mindspore as ms
@@ -48,15 +48,8 @@ class BuiltModel:
 def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, output_dir: str,
                 log=print) -> BuiltModel:
     spec = get_model_spec(cfg.model.arch.type)
-    mcfg = spec.config_class.from_model_config(cfg.model.model_config, dict(cfg.parallel_config))
-    mcfg.data_parallel_size = shape.dp
-    mcfg.tensor_model_parallel_size = shape.tp
-    mcfg.pipeline_model_parallel_size = shape.pp
-    mcfg.virtual_pipeline_model_parallel_size = shape.vpp if shape.vpp > 1 else None
-    mcfg.sequence_parallel = bool(cfg.parallel_config.use_seq_parallel) and shape.tp > 1
-    apply_context_parallel(mcfg, cfg.parallel_config, shape.cp)
-    ep = int(cfg.parallel_config.get("expert_parallel", 1) or 1)
-    mcfg.expert_model_parallel_size = ep
+    mcfg = model_config_for(spec, cfg, shape)
+    ep = mcfg.expert_model_parallel_size
     if ep > 1:   # experts over ep, carved out of dp: "dp" names ("edp", "ep") (docs/moe.md)
         mesh = expert_mesh(shape.dp, shape.cp, shape.tp, ep, topo.stage_ranks)
     else:
@@ -88,13 +81,25 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies)
 
 
-def apply_context_parallel(mcfg, parallel_config, cp: int) -> None:
-    """The context-parallel size and method of ``parallel_config`` on the model config: the model
-    builds its rotary tables and causal mask in the sequence's storage order from them."""
-    mcfg.context_parallel_size = cp
-    mcfg.context_parallel_algo = normalize_algorithm(context_parallel_algorithm(dict(parallel_config)))
-    mcfg.ulysses_degree_in_cp = parallel_config.get("ulysses_degree_in_cp")
-    mcfg.context_parallel_load_balance = bool(parallel_config.get("context_parallel_load_balance", True))
+def model_config_for(spec, cfg: Config, shape: JobShape):
+    """The model config of this job, built once: the family's ``from_model_config`` with the job's
+    parallel sizes (dp, tp, pp, vpp, sequence parallel, ep), then a validated copy with the context
+    parallel settings (``dataclasses.replace`` runs the config's checks again). Never edited after."""
+    pc = cfg.parallel_config
+    sizes = dict(pc, data_parallel=shape.dp, model_parallel=shape.tp, pipeline_stage=shape.pp, context_parallel=1,
+                 use_seq_parallel=bool(pc.use_seq_parallel) and shape.tp > 1,
+                 expert_parallel=int(pc.get("expert_parallel", 1) or 1))
+    mcfg = spec.config_class.from_model_config(cfg.model.model_config, sizes, shape.vpp)
+    return with_context_parallel(mcfg, pc, shape.cp)
+
+
+def with_context_parallel(mcfg, parallel_config, cp: int):
+    """A copy of the model config with the context-parallel size and method of ``parallel_config``
+    (the model builds its rotary tables and causal mask in the sequence's storage order from them)."""
+    return replace(mcfg, context_parallel_size=cp,
+                   context_parallel_algo=normalize_algorithm(context_parallel_algorithm(dict(parallel_config))),
+                   ulysses_degree_in_cp=parallel_config.get("ulysses_degree_in_cp"),
+                   context_parallel_load_balance=bool(parallel_config.get("context_parallel_load_balance", True)))
 
 
 def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Optional[List[int]]:
