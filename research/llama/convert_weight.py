@@ -1,9 +1,13 @@
-"""Convert Llama weights between this model and a Hugging Face single-file safetensors checkpoint.
+"""Convert weights between this model and a Hugging Face single-file safetensors checkpoint, for any
+registered family with a state-dict adapter (``ModelSpec.state_dict_adapter``: the family's table of
+Hugging Face names <-> ours, e.g. ``mindformers_core/models/llama/hf.py``). This file is only the
+command: the names, transposes and layer patterns are the family's.
 
-Hugging Face's ``nn.Linear`` stores ``(out, in)``; ours stores ``(in, out)`` (``x @ W``), so
-every projection and the LM head are transposed. Both use the rotate-half RoPE convention, so
-q/k need no permutation. Layers are named by their global ``layer_number``, so a pipeline stage
-model exports/imports exactly its own layers.
+The model is built from ``--config`` (``model.arch.type`` and ``model.model_config``; a user family is
+loaded with ``--register_path DIR`` as for training) so that names and shapes are checked. Layers are
+named by their global ``layer_number``, so a pipeline stage model exports/imports exactly its own
+layers. ``ms2hf`` reads one safetensors file of our names or a trainer checkpoint directory (its
+latest step, merged).
 
     python research/llama/convert_weight.py --config research/llama/llama_tiny.yaml \
         --direction hf2ms --input model.safetensors --output llama_ms.safetensors
@@ -25,40 +29,30 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-# our name inside a layer -> (Hugging Face name inside a layer, transposed?)
-LAYER_MAP = {
-    "input_layernorm.weight": ("input_layernorm.weight", False),
-    "self_attention.linear_q.weight": ("self_attn.q_proj.weight", True),
-    "self_attention.linear_k.weight": ("self_attn.k_proj.weight", True),
-    "self_attention.linear_v.weight": ("self_attn.v_proj.weight", True),
-    "self_attention.linear_proj.weight": ("self_attn.o_proj.weight", True),
-    "self_attention.linear_q.bias": ("self_attn.q_proj.bias", False),
-    "self_attention.linear_k.bias": ("self_attn.k_proj.bias", False),
-    "self_attention.linear_v.bias": ("self_attn.v_proj.bias", False),
-    "self_attention.linear_proj.bias": ("self_attn.o_proj.bias", False),
-    "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight", False),
-    "mlp.linear_fc1_gate.weight": ("mlp.gate_proj.weight", True),
-    "mlp.linear_fc1_up.weight": ("mlp.up_proj.weight", True),
-    "mlp.linear_fc2.weight": ("mlp.down_proj.weight", True),
-}
-TOP_MAP = {
-    "embedding.word_embeddings.weight": ("model.embed_tokens.weight", False),
-    "decoder.final_layernorm.weight": ("model.norm.weight", False),
-    "output_layer.weight": ("lm_head.weight", True),
-}
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 
 
-def _hf_name(model, name: str):
-    """(Hugging Face name, transposed?) of one of ``model``'s parameter names."""
-    if name in TOP_MAP:
-        return TOP_MAP[name]
-    match = _LAYER.fullmatch(name)
-    if not match or match.group(2) not in LAYER_MAP:
-        raise KeyError(f"convert_weight: no Hugging Face name for parameter {name!r}")
-    layer = model.decoder.layers[int(match.group(1))].layer_number - 1
-    hf, transposed = LAYER_MAP[match.group(2)]
-    return f"model.layers.{layer}.{hf}", transposed
+def adapter_of(model):
+    """The state-dict adapter of ``model``'s registered family."""
+    from mindformers_core.models import spec_of_model
+    adapter = spec_of_model(model).state_dict_adapter
+    if adapter is None:
+        raise ValueError(f"convert_weight: {type(model).__name__} has no state_dict_adapter (register_model("
+                         "..., state_dict_adapter=...)); nothing to convert with")
+    return adapter
+
+
+def global_names(model) -> Dict[str, str]:
+    """``model``'s parameter names -> the same names with global layer indices (a pipeline stage's
+    local ``decoder.layers.0`` is the model's layer ``layer_number - 1``)."""
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+
+    def rename(name):
+        match = _LAYER.fullmatch(name)
+        if not match or layers is None:
+            return name
+        return f"decoder.layers.{layers[int(match.group(1))].layer_number - 1}.{match.group(2)}"
+    return {name: rename(name) for name, _ in model.parameters_and_names()}
 
 
 def _numpy(param) -> np.ndarray:
@@ -68,32 +62,26 @@ def _numpy(param) -> np.ndarray:
 
 
 def ms_to_hf(model) -> Dict[str, np.ndarray]:
-    """``model``'s weights under Hugging Face Llama names and shapes."""
-    out = {}
-    for name, param in model.parameters_and_names():
-        hf, transposed = _hf_name(model, name)
-        data = _numpy(param)
-        out[hf] = np.ascontiguousarray(data.T if transposed else data)
-    return out
+    """``model``'s weights under its family's Hugging Face names and shapes."""
+    names = global_names(model)
+    return adapter_of(model).to_hf({names[n]: _numpy(p) for n, p in model.parameters_and_names()})
 
 
 def hf_to_ms(model, hf: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """The Hugging Face weights ``model`` holds, under ``model``'s parameter names and shapes.
     Raises KeyError naming a missing weight and ValueError naming a shape mismatch."""
+    names = global_names(model)
+    try:
+        ours = adapter_of(model).from_hf(hf, names=list(names.values()))
+    except KeyError as e:
+        raise KeyError(f"convert_weight: {e.args[0]}") from None
     out = {}
     for name, param in model.parameters_and_names():
-        hf_name, transposed = _hf_name(model, name)
-        if hf_name not in hf:
-            if hf_name == "lm_head.weight" and "model.embed_tokens.weight" in hf:
-                hf_name = "model.embed_tokens.weight"    # a tied Hugging Face checkpoint
-            else:
-                raise KeyError(f"convert_weight: {hf_name!r} (for {name!r}) is not in the checkpoint")
-        data = np.asarray(hf[hf_name])
-        data = data.T if transposed else data
+        data = ours[names[name]]
         if tuple(data.shape) != tuple(param.shape):
-            raise ValueError(f"convert_weight: {hf_name!r} has shape {tuple(data.shape)} after conversion but "
-                             f"{name!r} needs {tuple(param.shape)}; does the config match the checkpoint?")
-        out[name] = np.ascontiguousarray(data)
+            raise ValueError(f"convert_weight: {name!r} needs {tuple(param.shape)} but the checkpoint gives "
+                             f"{tuple(data.shape)} after conversion; does the config match the checkpoint?")
+        out[name] = data
     return out
 
 
@@ -119,6 +107,16 @@ def load_safetensors(path: str) -> Dict[str, np.ndarray]:
     return load_file(path)
 
 
+def load_ours(path: str) -> Dict[str, np.ndarray]:
+    """Our tensors from one safetensors file, or from a trainer checkpoint directory (latest step)."""
+    if not os.path.isdir(path):
+        return load_safetensors(path)
+    import tempfile
+    from mindformers_core.checkpoint import load_single_file, merge_to_single_file
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_single_file(merge_to_single_file(path, os.path.join(tmp, "merged.safetensors")))
+
+
 def load_into(model, tensors: Mapping[str, np.ndarray]) -> None:
     """Set ``model``'s parameters from arrays keyed by its own parameter names."""
     missing = [n for n, _ in model.parameters_and_names() if n not in tensors]
@@ -137,22 +135,32 @@ def load_hf(model, path: str) -> None:
     load_into(model, hf_to_ms(model, load_safetensors(path)))
 
 
+def build_model(config: str, register_path=None):
+    """The model the training YAML ``config`` names (``model.arch.type``), built in one process."""
+    from mindformers_core.models import get_model_spec, import_register_path
+    from mindformers_core.training import load_config
+    if register_path:
+        import_register_path(register_path)
+    c = load_config(config)
+    spec = get_model_spec(c.model.arch.type)
+    return spec.model_class(spec.config_class.from_model_config(c.model.model_config.to_dict()))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="YAML with model.model_config (e.g. llama_tiny.yaml)")
+    parser.add_argument("--config", required=True, help="YAML with model.arch.type and model.model_config "
+                                                        "(e.g. llama_tiny.yaml)")
     parser.add_argument("--direction", required=True, choices=("hf2ms", "ms2hf"))
-    parser.add_argument("--input", required=True)
+    parser.add_argument("--input", required=True, help="a safetensors file (ms2hf: or a trainer checkpoint directory)")
     parser.add_argument("--output", required=True)
+    parser.add_argument("--register_path", default=None, help="directory of a user model family's code")
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from mindformers_core.training import read_yaml
-    from mindformers_core.models.llama import LlamaConfig, LlamaForCausalLM
-    model_config = read_yaml(args.config)["model"]["model_config"]
-    model = LlamaForCausalLM(LlamaConfig.from_model_config(model_config))
+    model = build_model(args.config, args.register_path)
     if args.direction == "hf2ms":
         save_safetensors(hf_to_ms(model, load_safetensors(args.input)), args.output)
     else:
-        load_into(model, load_safetensors(args.input))
+        load_into(model, load_ours(args.input))
         save_hf(model, args.output)
     print(f"convert_weight: wrote {args.output}")
     return 0
