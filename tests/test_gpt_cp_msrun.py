@@ -14,7 +14,11 @@ from tests.test_gpt_tp_msrun import _check
 pytestmark = pytest.mark.msrun
 CP2 = job("gpt_cp2", 2, "tests.bodies.gpt_cp_body:run",
           {"configs": {"ring_cp2": {"cp": 2}, "ring_cp2_unbalanced": {"cp": 2, "balance": False},
-                       "ulysses_cp2": {"cp": 2, "algo": "ulysses"}}}, timeout=600, group=__name__)
+                       "ulysses_cp2": {"cp": 2, "algo": "ulysses"},
+                       # value heads narrower than query/key heads (multi-latent attention's shape)
+                       "ring_cp2_narrow_v": {"cp": 2, "narrow_v": True},
+                       "ulysses_cp2_narrow_v": {"cp": 2, "algo": "ulysses", "narrow_v": True, "modes": ["jit"]}}},
+          timeout=600, group=__name__)
 # on 4 ranks Ulysses and cp2 x tp2 run in one mode where the same code is proven in the other mode
 # elsewhere (Ulysses under jit at cp2 above; the trainer runs cp2 x tp2 Ulysses under jit), so the 4-rank
 # launch stays short; the ring of 4 (hops through two-rank pairs, not the two-rank swap of cp2) and the
@@ -39,9 +43,13 @@ def single_process():
     return reference(("pynative", "jit"))
 
 
+def _configs(job, narrow_v):
+    return {n: kw for n, kw in job.kwargs["configs"].items() if bool(kw.get("narrow_v")) == narrow_v}
+
+
 def test_ring_and_ulysses_cp2_balancing_on_and_off(single_process):
     results = CP2.results()
-    _check(results, single_process, CP2.kwargs["configs"])
+    _check(results, single_process, _configs(CP2, False))
     for mode in ("pynative", "jit"):
         on = np.array(results[0][f"ring_cp2/{mode}"]["losses"])
         off = np.array(results[0][f"ring_cp2_unbalanced/{mode}"]["losses"])
@@ -52,3 +60,12 @@ def test_ring_and_ulysses_cp2_balancing_on_and_off(single_process):
 
 def test_ring_ulysses_hybrid_cp4_and_cp_with_tp_dp(single_process):
     _check(CP4.results(), single_process, CP4.kwargs["configs"], modes_of(CP4.kwargs["configs"]))
+
+
+def test_ring_and_ulysses_cp2_with_value_heads_narrower_than_query_heads():
+    ref = reference(("pynative", "jit"), narrow_v=True)
+    narrow = _configs(CP2, True)
+    _check(CP2.results(), ref, narrow, modes_of(narrow))
+    weights = ref["pynative"]["weights"]
+    assert weights["decoder.layers.0.self_attention.linear_v.weight"].shape == (64, 16)   # 4 groups x 4
+    assert weights["decoder.layers.0.self_attention.linear_q.weight"].shape == (64, 64)   # 8 heads x 8

@@ -8,7 +8,9 @@ from mindformers_core.common.sequence_placement import to_storage_order
 from mindformers_core.distributed import get_env
 from mindformers_core.sharding.annotations import global_shape_of, layout_of, sharding_plan_of
 from mindformers_core.sharding.parallelizer import parallelize
-from mindformers_core.transformer import GPTModel, TransformerConfig
+from mindformers_core.transformer import (AttentionSpec, ColumnParallelLinear, GPTModel, LayerSpec, RowParallelLinear,
+                                          SelfAttention, TransformerConfig)
+from mindspore import ops
 from tests.bodies.gpt_tp_body import train
 
 STEPS, SEQ, BATCH, VOCAB = 2, 32, 2, 256
@@ -22,17 +24,47 @@ def make_config(dp=1, cp=1, tp=1, algo="colossal", ulysses=None, balance=True):
                              context_parallel_load_balance=balance)
 
 
+class NarrowValueAttention(SelfAttention):
+    """Self-attention whose value heads are half as wide as its query/key heads (as multi-latent attention's
+    v_head_dim differs from its qk head dim): the attention rule and the context-parallel kernels must
+    take v's own head dim."""
+
+    def __init__(self, config, layer_number=1, spec=None):
+        super().__init__(config, layer_number, spec)
+        self.v_dim = config.head_dim // 2
+        self.linear_v = ColumnParallelLinear(config.hidden_size, config.query_groups * self.v_dim, config, bias=False)
+        self.linear_proj = RowParallelLinear(config.num_attention_heads * self.v_dim, config.hidden_size, config,
+                                             bias=False)
+
+    def construct(self, x, position_ids=None, segment_ids=None):
+        b, s = x.shape[0], x.shape[1]
+        q = self.linear_q(x).reshape(b, s, -1, self.head_dim)
+        k = self.linear_k(x).reshape(b, s, -1, self.head_dim)
+        v = self.linear_v(x).reshape(b, s, -1, self.v_dim)
+        q = ops.transpose(self.rotate(q, position_ids), (0, 2, 1, 3))
+        k = ops.transpose(self.rotate(k, position_ids), (0, 2, 1, 3))
+        v = ops.transpose(v, (0, 2, 1, 3))
+        return self.linear_proj(self.core_attention(q, k, v))
+
+
+NARROW_V = LayerSpec(attention=AttentionSpec(module=NarrowValueAttention))
+
+
+def build(config, narrow_v=False):
+    return GPTModel(config, layer_spec=NARROW_V) if narrow_v else GPTModel(config)
+
+
 def batches():
     rng = np.random.RandomState(7)
     pair = [rng.randint(0, VOCAB, (BATCH, SEQ + 1)).astype(np.int32) for _ in range(2)]
     return [pair[i % 2] for i in range(STEPS)]
 
 
-def reference(modes=("pynative",)):
+def reference(modes=("pynative",), narrow_v=False):
     out = {}
     for mode in modes:
         ms.set_seed(0)
-        model = GPTModel(make_config())
+        model = build(make_config(), narrow_v)
         losses = train(model, batches(), lambda a: a, mode)
         out[mode] = {"losses": losses, "weights": {p.name: p.asnumpy() for p in model.trainable_params()}}
     return out
@@ -45,10 +77,11 @@ def run(configs, modes=("pynative", "jit")):
     result = {}
     for name, kw in configs.items():
         kw = dict(kw)
+        narrow_v = kw.pop("narrow_v", False)
         for mode in kw.pop("modes", modes):
             ms.set_seed(0)
             config = make_config(**kw)
-            model = GPTModel(config)
+            model = build(config, narrow_v)
             pos = config.token_positions()
             sample = batches()[0]
             parallelize(model, config, sample[:, :-1], sample[:, 1:])
