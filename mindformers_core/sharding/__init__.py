@@ -6,8 +6,8 @@ from .rules import (LocalKernel, NoRuleError, RuleError, RuleResult, get_rule, i
                     registered_ops)
 from .annotations import sharding_plan_of
 from .parallelizer import GradientReducer, parallelize, plan_sharding
-from .styles import ColWiseParallel, NoParallel, PrepareInput, RowWiseParallel, SequenceParallel
-from .expert_parallel import ExpertParallel, expert_mesh
+from .styles import ColWiseParallel, ExpertParallel, NoParallel, PrepareInput, RowWiseParallel, SequenceParallel
+from .expert_parallel import expert_mesh
 
 __all__ = ["ColWiseParallel", "DTensor", "ExpertParallel", "expert_mesh", "GradientReducer", "Layout", "LocalKernel", "NoRuleError", "Partial", "Placement",
            "RedistributionPlan", "Replicate", "RuleError", "RuleResult", "Shard", "Step",

@@ -70,7 +70,6 @@ would get wrong. Under jit, dropless routing takes :meth:`routed_graph` unless `
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 import mindspore as ms
@@ -82,8 +81,6 @@ from ..distributed.comm.exchange import AllToAllExchange, AllToAllV, gather_coun
 from ..distributed.comm.kernels import CommCell
 from .expert_dispatch import capacity, combine, dispatch, dispatch_indices, swiglu_experts
 from .layout import Layout
-from .propagation import Declaration, PlanError
-from .styles import ParallelStyle
 
 _COUNT_IDS = itertools.count()
 
@@ -357,20 +354,3 @@ def routed_plan(expert_of_row, topk: int, counts, me: int, local_experts: int) -
     return {"send_token": (order // topk).astype(np.int32), "matrix": matrix.astype(np.int32),
             "by_expert": by_expert.astype(np.int32), "expert_rows": expert_rows,
             "by_source": by_source.astype(np.int32), "unsort": unsort.astype(np.int32)}
-
-
-@dataclass(repr=False)
-class ExpertParallel(ParallelStyle):
-    """Plan style for a ``moe_experts`` Cell (``RoutedExperts``): the expert dim (0) of its weights
-    split over ``axis``; tokens are routed to the ranks holding their experts by all-to-all."""
-    axis: str = "ep"
-
-    def declare(self, cell, path, mesh):
-        if getattr(type(cell), "sharding_op", None) != "moe_experts":
-            raise PlanError(f"{path}: ExpertParallel() applies to a routed-experts Cell (sharding_op "
-                            f"'moe_experts'), not {type(cell).__name__}")
-        if self.axis not in mesh.alias_name:
-            raise PlanError(f"{path}: mesh axis {self.axis!r} is not in the mesh {mesh.alias_name}; plan on "
-                            f"expert_mesh(dp, cp, tp, ep) or a config with expert_model_parallel_size > 1")
-        return Declaration(path, weights={n: mesh(self.axis, "None", "None")
-                                          for n in getattr(cell, "sharding_params", ())})

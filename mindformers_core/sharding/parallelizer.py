@@ -23,10 +23,10 @@ from .annotations import (annotate_parameter, grad_axes_of, layout_of, set_shard
 from .boundary import Passthrough, Redistribute, ShardedCall, wrap_root
 from .dtensor import device_mesh_of
 from .layout import Layout, as_layout
-from .context_parallel import ContextParallelAttention, cp_groups
-from .expert_parallel import ExpertParallelExperts, expert_mesh
-from .local_kernels import VocabParallelCrossEntropyKernel, VocabParallelLookup
+from .expert_parallel import expert_mesh
+from . import local_kernels  # noqa: F401  (registers the kernels not yet next to their rule)
 from .propagation import PlanError, ShardingPlan, collect_declarations, propagate
+from .rules.registry import KernelError, KernelSite, local_kernel
 from .styles import plan_declarations
 from .trace import Graph, trace
 
@@ -124,22 +124,18 @@ def parallelize(model: nn.Cell, config=None, *sample_inputs, mesh=None, rank: Op
     return model
 
 
-# Local kernels that are "the same op with the local shape": correct when the model derives the
-# target shape from its input's shape (``x.reshape(b, s, -1, head_dim)`` with ``b, s = x.shape``).
-SHAPE_FROM_INPUT = ("reshape", "broadcast_to")
-
-
 def _check_executable(plan: ShardingPlan) -> None:
     g = plan.graph
     for index, res in plan.results.items():
-        node = g.nodes[index]
-        if res.local is not None and res.local.name in SHAPE_FROM_INPUT:
+        if res.local is None:
+            continue
+        node, kernel = g.nodes[index], local_kernel(res.local.name)
+        if kernel is not None and kernel.shape_from_input:
             continue   # model code computes the target shape from x.shape (documented contract)
-        if res.local is not None and node.cell is None:
+        if node.cell is None:
             raise PlanError(f"{node.describe()} needs the local kernel {res.local.name!r}, which only runs "
                             f"for an atomic Cell (a Cell with `sharding_op`); move the op into one")
-        if res.local is not None and res.local.name not in ("vocab_parallel_lookup", "vocab_parallel_cross_entropy",
-                                                            "context_parallel_attention", "expert_parallel"):
+        if kernel is None:
             raise PlanError(f"{node.describe()}: local kernel {res.local.name!r} is not implemented")
     for name, layout in plan.param_layouts.items():
         if layout.partial:
@@ -204,47 +200,18 @@ def _shard_constants(plan: ShardingPlan, rank: int) -> None:
 
 
 def _local_kernel(plan: ShardingPlan, call, rank: int) -> Optional[nn.Cell]:
+    """The kernel Cell registered for the call's ``RuleResult.local`` (``rules.register_local_kernel``)."""
     node = plan.graph.nodes[call.node]
-    local = plan.results[node.index].local
-    if local is None:
-        return None
     res = plan.results[node.index]
-    if local.name == "vocab_parallel_lookup":
-        table_pos = 1 if node.op == "embedding" else 0
-        layout = res.inputs[table_pos]
-        shape = plan.graph.shape(node.inputs[table_pos])
-        start = layout.shard_index(0, rank) * layout.local_shape(shape)[0]
-        weight_attr = [n for n in getattr(call.cell, "sharding_params", ("weight",))
-                       if getattr(call.cell, n, None) is not None][0]
-        return VocabParallelLookup(call.cell, weight_attr, start, local.attrs["local_vocab_size"])
-    if local.name == "vocab_parallel_cross_entropy":
-        layout = res.inputs[0]
-        shape = plan.graph.shape(node.inputs[0])
-        class_dim = local.attrs["class_dim"]
-        if class_dim != len(shape) - 1:
-            raise PlanError(f"{node.describe()}: the vocab-parallel cross-entropy kernel needs the classes in the "
-                            f"last dim (rule 'cross_entropy_last_dim')")
-        start = layout.shard_index(class_dim, rank) * layout.local_shape(shape)[class_dim]
-        group = device_mesh_of(layout).get_group(tuple(local.attrs["vocab_axes"]))
-        return VocabParallelCrossEntropyKernel(group, start, local.attrs["local_vocab_size"],
-                                         node.attrs.get("reduction", "mean"))
-    if local.name == "context_parallel_attention":
-        a = local.attrs
-        layout = res.inputs[0]
-        ring, ulysses = cp_groups(device_mesh_of(layout), a["seq_axes"], a["algorithm"], a["ulysses_degree"], rank)
-        scale = getattr(call.cell, "scale", None)
-        if scale is None:
-            raise PlanError(f"{node.describe()}: the attention Cell needs a `scale` attribute (1/sqrt(head_dim))")
-        if getattr(call.cell, "use_dropout", False):
-            raise PlanError(f"{node.describe()}: attention_dropout > 0 is not supported with context parallelism")
-        return ContextParallelAttention(call.cell, ring, ulysses, a["local_q"], a["local_kv"], scale,
-                                        a["load_balance"])
-    if local.name == "expert_parallel":
-        a = local.attrs
-        group = device_mesh_of(res.outputs[0]).get_group((a["axis"],))
-        return ExpertParallelExperts(call.cell, group, a["num_experts"], a["local_tokens"], a["topk"],
-                                     a["capacity_factor"])
-    raise PlanError(f"{node.describe()}: local kernel {local.name!r} is not implemented")
+    if res.local is None:
+        return None
+    kernel = local_kernel(res.local.name)
+    if kernel is None or kernel.factory is None:
+        raise PlanError(f"{node.describe()}: local kernel {res.local.name!r} is not implemented")
+    try:
+        return kernel.factory(KernelSite(node, res, call.cell, rank, plan.graph))
+    except KernelError as e:
+        raise PlanError(f"{node.describe()}: {e}") from None
 
 
 def _conversion(plan: ShardingPlan, node_index: int):

@@ -122,6 +122,22 @@ class NoParallel(ParallelStyle):
         return Declaration(path, weights=weights)
 
 
+@dataclass(repr=False)
+class ExpertParallel(ParallelStyle):
+    """Plan style for a ``moe_experts`` Cell (``RoutedExperts``): the expert dim (0) of its weights
+    split over ``axis``; tokens are routed to the ranks holding their experts by all-to-all."""
+    axis: str = "ep"
+
+    def declare(self, cell, path, mesh):
+        if getattr(type(cell), "sharding_op", None) != "moe_experts":
+            raise PlanError(f"{path}: ExpertParallel() applies to a routed-experts Cell (sharding_op "
+                            f"'moe_experts'), not {type(cell).__name__}")
+        if self.axis not in mesh.alias_name:
+            raise PlanError(f"{path}: mesh axis {self.axis!r} is not in the mesh {mesh.alias_name}; plan on "
+                            f"expert_mesh(dp, cp, tp, ep) or a config with expert_model_parallel_size > 1")
+        return Declaration(path, weights={n: mesh(self.axis, "None", "None")
+                                          for n in getattr(cell, "sharding_params", ())})
+
 def _pattern(pattern: str):
     if pattern.startswith("re:"):
         rx = re.compile(pattern[3:])

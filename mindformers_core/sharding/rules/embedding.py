@@ -11,7 +11,7 @@ ids (small integers) are gathered rather than the table. Partial ids or tables a
 from __future__ import annotations
 
 from .common import assign, cheapest, common_mesh_layout, expect_inputs, make_layout, norm_axis
-from .registry import LocalKernel, RuleResult, register_rule
+from .registry import KernelSite, LocalKernel, RuleResult, register_local_kernel, register_rule
 
 
 def lookup_layouts(table, ids, tshape, ishape, axis):
@@ -56,3 +56,15 @@ def embedding(layouts, shapes, *, padding_idx=None):
     expect_inputs(layouts, 2)
     req_t, req_i, out, kernel = lookup_layouts(layouts[1], layouts[0], shapes[1], shapes[0], 0)
     return RuleResult((out,), (req_i, req_t), kernel)
+
+
+@register_local_kernel("vocab_parallel_lookup")
+def vocab_parallel_lookup_kernel(site: KernelSite):
+    """The lookup on this rank's slice of the table's vocabulary (``local_kernels.VocabParallelLookup``)."""
+    from ..local_kernels import VocabParallelLookup
+    table_pos = 1 if site.node.op == "embedding" else 0
+    layout = site.result.inputs[table_pos]
+    start = layout.shard_index(0, site.rank) * layout.local_shape(site.input_shape(table_pos))[0]
+    weight_attr = [n for n in getattr(site.cell, "sharding_params", ("weight",))
+                   if getattr(site.cell, n, None) is not None][0]
+    return VocabParallelLookup(site.cell, weight_attr, start, site.attrs["local_vocab_size"])

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .common import common_mesh_layout, expect_inputs, make_layout
 from .elementwise import broadcast_rule
-from .registry import LocalKernel, RuleError, RuleResult, register_rule
+from .registry import KernelError, KernelSite, LocalKernel, RuleError, RuleResult, register_local_kernel, register_rule
 
 
 @register_rule("cross_entropy", "softmax_cross_entropy")
@@ -82,3 +82,18 @@ def cross_entropy_last_dim(layouts, shapes, *, reduction="mean", ignore_index=No
     if local is not None:
         local.attrs["class_dim"] = nd - 1
     return RuleResult(res.outputs, (required_logits, res.inputs[1]), local)
+
+
+@register_local_kernel("vocab_parallel_cross_entropy")
+def vocab_parallel_cross_entropy_kernel(site: KernelSite):
+    """Cross-entropy over this rank's slice of the classes (``local_kernels.VocabParallelCrossEntropyKernel``)."""
+    from ..dtensor import device_mesh_of
+    from ..local_kernels import VocabParallelCrossEntropyKernel
+    layout, shape, class_dim = site.result.inputs[0], site.input_shape(0), site.attrs["class_dim"]
+    if class_dim != len(shape) - 1:
+        raise KernelError("the vocab-parallel cross-entropy kernel needs the classes in the last dim "
+                          "(rule 'cross_entropy_last_dim')")
+    start = layout.shard_index(class_dim, site.rank) * layout.local_shape(shape)[class_dim]
+    group = device_mesh_of(layout).get_group(tuple(site.attrs["vocab_axes"]))
+    return VocabParallelCrossEntropyKernel(group, start, site.attrs["local_vocab_size"],
+                                           site.node.attrs.get("reduction", "mean"))

@@ -16,7 +16,7 @@ arrives with, the hidden dim must be whole (a partial input is reduced first: bo
 from __future__ import annotations
 
 from .common import common_mesh_layout, make_layout
-from .registry import LocalKernel, RuleError, RuleResult, register_rule
+from .registry import KernelSite, LocalKernel, RuleError, RuleResult, register_local_kernel, register_rule
 
 
 @register_rule("moe_router")
@@ -69,3 +69,14 @@ def moe_experts(layouts, shapes, *, num_experts=None, capacity_factor=None, expe
             "axis": expert_axis, "num_experts": E, "local_experts": E // mesh.axis_size(expert_axis),
             "local_tokens": local_tokens, "topk": ws[-1], "capacity_factor": capacity_factor})
     return RuleResult((tok,), (tok, tok, tok) + weights, kernel)
+
+
+@register_local_kernel("expert_parallel")
+def expert_parallel_kernel(site: KernelSite):
+    """The experts of this rank with the all-to-all token exchange (``expert_parallel.ExpertParallelExperts``)."""
+    from ..dtensor import device_mesh_of
+    from ..expert_parallel import ExpertParallelExperts
+    a = site.attrs
+    group = device_mesh_of(site.result.outputs[0]).get_group((a["axis"],))
+    return ExpertParallelExperts(site.cell, group, a["num_experts"], a["local_tokens"], a["topk"],
+                                 a["capacity_factor"])

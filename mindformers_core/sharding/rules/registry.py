@@ -5,6 +5,10 @@ layout per input (``None`` = not decided yet: the rule picks the layout it wants
 shapes, and returns the output layouts (possibly partial) and the layouts the op *requires* of
 its inputs. Running the op on every rank's local shards of the required layouts gives the local
 shards of the output layouts. Pure Python.
+
+Where the local computation differs (``RuleResult.local``, e.g. a vocab-parallel lookup), the rule's
+module also registers how ``parallelize`` builds that kernel: ``@register_local_kernel(name)`` on a
+factory ``(KernelSite) -> Cell``, looked up with ``local_kernel(name)``.
 """
 from __future__ import annotations
 
@@ -69,6 +73,80 @@ class RuleResult:
 Rule = Callable[..., RuleResult]
 _RULES: Dict[str, Rule] = {}
 _NAMES: Dict[str, str] = {}
+
+
+# ---- local kernels: what ``parallelize`` runs for a ``RuleResult.local`` name -----------------------------
+class KernelError(ValueError):
+    """A local kernel cannot be built for this op (``parallelize`` names the op in the PlanError)."""
+
+
+@dataclass(frozen=True)
+class KernelSite:
+    """Where a local kernel replaces an atomic Cell: the traced ``node``, its rule ``result``
+    (``result.local`` names the kernel and holds its attributes), the ``cell`` replaced, this
+    ``rank`` and the traced ``graph`` (global shapes)."""
+    node: Any
+    result: RuleResult
+    cell: Any
+    rank: int
+    graph: Any
+
+    @property
+    def attrs(self) -> Dict[str, Any]:
+        return self.result.local.attrs
+
+    def input_shape(self, i: int) -> Shape:
+        return tuple(self.graph.shape(self.node.inputs[i]))
+
+
+KernelFactory = Callable[[KernelSite], Any]   # -> the kernel Cell (keeps the replaced Cell as ``inner``)
+
+
+@dataclass(frozen=True)
+class LocalKernelEntry:
+    """How ``parallelize`` executes the local kernel ``name``: ``factory(site)`` builds the Cell replacing
+    an atomic Cell (one with a ``sharding_op``); ``shape_from_input``: no kernel, the same op with the
+    local shape, correct when the model computes the target shape from its input's shape
+    (``x.reshape(b, s, -1, head_dim)`` with ``b, s = x.shape``), so it also runs in plain model code."""
+    name: str
+    factory: Optional[KernelFactory] = None
+    shape_from_input: bool = False
+
+
+_KERNELS: Dict[str, LocalKernelEntry] = {}
+
+
+def _register_kernel(entry: LocalKernelEntry) -> None:
+    known = _KERNELS.get(entry.name)
+    if known is not None and known != entry:
+        raise ValueError(f"register_local_kernel: local kernel {entry.name!r} is already registered ({known})")
+    _KERNELS[entry.name] = entry
+
+
+def register_local_kernel(name: str) -> Callable[[KernelFactory], KernelFactory]:
+    """Decorator registering ``factory(site) -> kernel Cell`` for the local kernel ``name`` (what a rule
+    puts in ``RuleResult.local``), next to the rule that selects it. A factory imports its kernel
+    class when called (kernels need MindSpore; rules stay pure Python) and raises ``KernelError``
+    for an op it cannot run."""
+    def deco(factory: KernelFactory) -> KernelFactory:
+        _register_kernel(LocalKernelEntry(name, factory))
+        return factory
+    return deco
+
+
+def register_shape_from_input(*names: str) -> None:
+    """Local kernels that are the same op with the local shape (``LocalKernelEntry.shape_from_input``)."""
+    for name in names:
+        _register_kernel(LocalKernelEntry(name, shape_from_input=True))
+
+
+def local_kernel(name: str) -> Optional[LocalKernelEntry]:
+    """The registered local kernel ``name``; None when no module registered it (not implemented)."""
+    return _KERNELS.get(name)
+
+
+def registered_local_kernels() -> List[str]:
+    return sorted(_KERNELS)
 
 
 def _key(op_name: str) -> str:

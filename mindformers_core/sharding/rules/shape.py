@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 from .common import common_mesh_layout, expect_inputs, make_layout, norm_axes, norm_axis, prod
-from .registry import LocalKernel, RuleError, RuleResult, Shape, register_rule
+from .registry import LocalKernel, RuleError, RuleResult, Shape, register_rule, register_shape_from_input
 
 
 def _target(src: Shape, shape: Sequence[int]) -> Shape:
@@ -161,3 +161,9 @@ def repeat_interleave(layouts, shapes, *, repeats, axis=None, dim=None):
         return RuleResult((x,), (x,))
     required = make_layout(x, [() if d == a else axes for d, axes in enumerate(x.dims)], x.partial)
     return RuleResult((required,), (required,))
+
+
+# the local kernels of reshape and broadcast_to are the same op with the local target shape: correct when
+# the model computes the target shape from its input's shape (``x.reshape(b, s, -1, head_dim)`` with
+# ``b, s = x.shape``), the documented contract
+register_shape_from_input("reshape", "broadcast_to")
