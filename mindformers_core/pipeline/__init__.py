@@ -11,6 +11,7 @@ from .dualpipe import (dualpipe_compute_order, dualpipe_placement, dualpipe_rout
                        simulate_dualpipe, validate_dualpipe_order)
 from .lowering import lower_for_runtime, split_overlapped
 from .meta_step import MetaStep, MetaStepType
+from .options import RuntimeOptions
 from .microbatch import (MicrobatchConfig, ReplicateSpec, TensorChunkSpec, merge_microbatches,
                          split_microbatches)
 from .planner import (LayerCost, LayerProfile, StagePlan, measure_layers, measure_stage_times,
@@ -39,4 +40,4 @@ __all__ = ["BUILTIN_SCHEDULES", "build_schedule", "MicrobatchConfig", "Replicate
            "ScheduleDualPipe", "ScheduleDualPipeV", "compute_only", "dualpipe_compute_order", "dualpipe_placement",
            "dualpipe_routes",
            "simulate_dualpipe", "validate_dualpipe_order", "dualpipev_compute_order", "ideal_makespan", "ideal_timeline",
-           "lower_for_runtime", "split_overlapped", "validate_compute_order"]
+           "lower_for_runtime", "split_overlapped", "validate_compute_order", "RuntimeOptions"]

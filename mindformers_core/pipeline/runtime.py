@@ -1,8 +1,8 @@
 """Execute any exec order: stage Cells, microbatches, point-to-point transfers, gradients.
 
-One loop runs ``schedule.local_order``. Data between steps lives in two tables keyed like the
-validator's data model: ``acts[(m, s)]`` is stage ``s``'s output for microbatch ``m`` and
-``grads[(m, s)]`` the gradient w.r.t. stage ``s``'s input. Sends and receives move entries of those
+One loop runs ``schedule.local_order``. Data between steps lives in one run's tables (``_RunState``)
+keyed like the validator's data model: ``acts[(m, s)]`` is stage ``s``'s output for microbatch ``m``
+and ``grads[(m, s)]`` the gradient w.r.t. stage ``s``'s input. Sends and receives move entries of those
 tables between ranks (``distributed.comm.send/recv``, blocking rendezvous as the validator
 assumes; the received tensor is not copied to the host: the step that uses it waits for it);
 handoffs between stages on one rank need no transfer.
@@ -25,6 +25,9 @@ find top cell for backward" for any other). Under jit, a stage holding a custom 
 ``bprop``: every collective of ``distributed.comm``, sharding's redistributions, i.e. tensor-parallel
 stages) keeps the recomputing backward below, with a warning: MindSpore 2.10 fails to compile a
 PyNative gradient through a compiled graph that holds one (``has_custom_backward``).
+
+Settings from the environment (``MFC_PIPELINE_*``) are read once into a ``RuntimeOptions``
+(``options.py``) when a stage or runtime is built; both take ``options=`` instead.
 
 Recompute (``PipelineStage(..., recompute=True)``): only the stage input is kept, and the backward
 is a gradient function that runs the stage forward again from it (split backward: separate
@@ -50,6 +53,7 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -63,6 +67,7 @@ from ..distributed.env import get_env
 from ..common.rng import rng_restore, rng_snapshot
 from .meta_step import MetaStep, MetaStepType as T, route_of
 from .microbatch import MicrobatchConfig
+from .options import RuntimeOptions
 
 _META_LEN = 10  # ndim + up to 8 dims + dtype code, sent once per stage boundary
 _DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.int32, ms.int64)
@@ -160,12 +165,6 @@ class _Tape:
 _JIT_RECORD_FAILURE = "The parameters number of the function is"
 
 
-def _bytecode_capture() -> bool:
-    """MFC_PIPELINE_JIT_CAPTURE=bytecode (experimental): compile recorded jit stages with
-    ``capture_mode="bytecode"``, which MindSpore 2.10 differentiates through a custom backward."""
-    return os.environ.get("MFC_PIPELINE_JIT_CAPTURE", "") == "bytecode"
-
-
 def has_custom_backward(cell: nn.Cell) -> bool:
     """True when ``cell`` or a Cell inside it defines ``bprop``."""
     return any(hasattr(type(c), "bprop") for _, c in cell.cells_and_names())
@@ -196,7 +195,8 @@ class PipelineStage:
     ``recompute=False`` (default): the backward uses the forward's autograd record (the forward
     runs once per microbatch); ``recompute=True``: only the stage input is kept and the backward
     runs the forward again (less memory, one more forward per microbatch, two with a split
-    backward). ``None``: ``MFC_PIPELINE_RECOMPUTE=1`` in the environment means True.
+    backward). ``None``: ``options.recompute`` (``MFC_PIPELINE_RECOMPUTE=1`` in the environment).
+    ``options``: the runtime settings (``RuntimeOptions``; default read from the environment now).
 
     Stage-local loss terms (a mixture-of-experts stage's load-balancing loss): a stage before the
     last whose Cell returns ``(activation, loss term)`` sends only the activation; the term is part
@@ -207,7 +207,8 @@ class PipelineStage:
 
     def __init__(self, cell: nn.Cell, stage_index: int, stage_num: int,
                  pp_ranks: Optional[Sequence[int]] = None, loss_fn: Optional[Callable] = None,
-                 dp_group=None, loss_in_cell: bool = False, recompute: Optional[bool] = None) -> None:
+                 dp_group=None, loss_in_cell: bool = False, recompute: Optional[bool] = None,
+                 options: Optional[RuntimeOptions] = None) -> None:
         if not isinstance(cell, nn.Cell):
             raise TypeError(f"PipelineStage: cell must be a mindspore.nn.Cell, got {type(cell).__name__}")
         if not 0 <= stage_index < stage_num:
@@ -216,9 +217,8 @@ class PipelineStage:
             raise ValueError(f"PipelineStage: the last stage ({stage_index}) needs loss_fn(output, label), or "
                              f"loss_in_cell=True when its Cell takes (inputs..., label) and returns the loss")
         self.loss_in_cell = loss_in_cell
-        if recompute is None:   # MFC_PIPELINE_RECOMPUTE=1: every stage recomputes (benchmarks)
-            recompute = os.environ.get("MFC_PIPELINE_RECOMPUTE", "0") == "1"
-        self.recompute = bool(recompute)
+        self.options = options if options is not None else RuntimeOptions.from_env()
+        self.recompute = bool(self.options.recompute if recompute is None else recompute)
         self.cell, self.stage_index, self.stage_num = cell, stage_index, stage_num
         self.pp_ranks = list(pp_ranks) if pp_ranks is not None else None
         self.loss_fn = loss_fn
@@ -269,10 +269,16 @@ class PipelineStage:
         if self.compiled_inside:
             return False
         if self._jit_recompute is None:
-            self._jit_recompute = has_custom_backward(self.cell) and not _bytecode_capture()
+            self._jit_recompute = has_custom_backward(self.cell) and not self.options.bytecode_capture
             if self._jit_recompute:
                 _jit_recompute_warning(self.stage_index, "it holds Cells with a custom bprop (collectives)")
         return self._jit_recompute
+
+    def discard_records(self, mode: str) -> None:
+        """Forget the forward records of microbatches that never ran their backward (a failed run)."""
+        tape = self._fns.get(("tape", mode))
+        if tape is not None:
+            tape.discard()
 
     def jit_record_failed(self) -> None:
         """The compiled forward could not be recorded (a ``_Function`` inside): recompute from now on."""
@@ -331,7 +337,7 @@ class PipelineStage:
             # MindSpore's own (asynchronous) launch, not common/graphs.compile_blocking: pp2 gained nothing
             # from it (0.528 vs 0.500 s/step), and with MoE's variable-count path these backward graphs
             # launched that way gave wrong gradients (docs/config.md, MFC_JIT_BLOCKING)
-            jitted = ms.jit(compiled, capture_mode="bytecode") if kind == "tape" and _bytecode_capture() \
+            jitted = ms.jit(compiled, capture_mode="bytecode") if kind == "tape" and self.options.bytecode_capture \
                 else ms.jit(compiled)
 
             def out(*args):
@@ -443,11 +449,29 @@ class MemoryStats:
                 "peak_rank_microbatches": self.peak_rank_microbatches, "peak_table_bytes": self.peak_table_bytes}
 
 
+@dataclass
+class _RunState:
+    """What one run of the local order holds, keyed like the validator's data model: ``acts[(m, s)]``
+    stage ``s``'s output for microbatch ``m``, ``grads[(m, s)]`` the gradient w.r.t. stage ``s``'s
+    input, ``saved[(m, s)]`` what stage ``s``'s backward of microbatch ``m`` needs (the record's
+    arguments or the stage input, the random state, the input bytes), ``losses`` the losses made
+    on this rank; ``xs`` / ``ys`` the run's microbatches of inputs and labels, ``m`` their count."""
+    xs: Optional[Sequence]
+    ys: Optional[Sequence]
+    m: int
+    acts: Dict[Tuple[int, int], Any] = field(default_factory=dict)
+    grads: Dict[Tuple[int, int], Any] = field(default_factory=dict)
+    saved: Dict[Tuple[int, int], Any] = field(default_factory=dict)
+    losses: List[Any] = field(default_factory=list)
+
+
 class PipelineRuntime:
     """Runs one training step of a schedule on this rank's stages. After a run, ``memory`` is the
-    :class:`MemoryStats` of that run."""
+    :class:`MemoryStats` of that run. ``options`` (``RuntimeOptions``, default read from the
+    environment now) give ``sync_transfers``, ``trace_file`` and ``timeout``; each is an attribute
+    that may be changed between runs."""
 
-    def __init__(self, schedule, mode: str = "pynative") -> None:
+    def __init__(self, schedule, mode: str = "pynative", options: Optional[RuntimeOptions] = None) -> None:
         if mode not in ("pynative", "jit"):
             raise ValueError(f"PipelineRuntime: mode={mode!r}; valid modes are 'pynative' and 'jit'")
         stages = {st.stage_index: st for st in schedule.stages}
@@ -471,26 +495,26 @@ class PipelineRuntime:
                              f"but the schedule has pp_size={schedule.pp_size}")
         self._boundary: Dict[int, Tuple[Tuple[int, ...], Any]] = {}  # stage -> (output shape, dtype)
         self._pending = None   # the last transfer issued: (its result, what, peer rank)
-        # MFC_PIPELINE_SYNC_TRANSFERS=1: wait for every transfer on the host (the runtime before
-        # issue 20; for benchmarks comparing the two)
-        self.sync_transfers = os.environ.get("MFC_PIPELINE_SYNC_TRANSFERS", "0") == "1"
+        self.options = options = options if options is not None else RuntimeOptions.from_env()
+        # wait for every transfer on the host (the runtime before issue 20; for benchmarks comparing the two)
+        self.sync_transfers = options.sync_transfers
         # set ``record = True`` to time every step of the next runs into ``trace`` as
         # (MetaStep, start, end) in seconds; compute steps then synchronise (for benchmarks)
         self.record = False
         self.trace: List[Tuple[MetaStep, float, float]] = []
-        # MFC_PIPELINE_TRACE=<prefix>: record every run and append it to <prefix>.rank<r>.jsonl as
+        # record every run and append it to <trace_file>.rank<r>.jsonl as
         # {"start", "end", "steps": [[type, micro, stage, start, end], ...]} (perf_counter seconds;
         # bench/trainer.py's per-step breakdown reads it)
-        self.trace_file = os.environ.get("MFC_PIPELINE_TRACE") or None
+        self.trace_file = options.trace_file
         if self.trace_file:
             self.record = True
         self.memory = MemoryStats(sorted(stages))
         # seconds a send/recv may block before the watchdog reports the stalled peer and ends
         # this process (a rank blocked inside a collective cannot be interrupted from Python)
-        self.timeout = float(os.environ.get("MFC_PIPELINE_TIMEOUT", "900"))
-        if getattr(schedule, "copies", None) and not schedule.__dict__.get("_copies_synced"):
+        self.timeout = options.timeout
+        if getattr(schedule, "copies", None) and not getattr(schedule, "copies_synced", False):
             self.sync_copies()   # every copy of a model stage starts from the same weights
-            schedule.__dict__["_copies_synced"] = True
+            schedule.copies_synced = True
 
     def _rank_of(self, stage: int) -> int:
         return self.pp_ranks[self.schedule.placement[stage]]
@@ -563,10 +587,7 @@ class PipelineRuntime:
                                  f"{'none' if data is None else len(data)}"
                                  + (" (all of the step's microbatches: each route takes its own)"
                                     if self.routes is not None else ""))
-        acts: Dict[Tuple[int, int], Any] = {}
-        grads: Dict[Tuple[int, int], Any] = {}
-        saved: Dict[Tuple[int, int], Any] = {}
-        losses = []
+        run = _RunState(xs, ys, m)
         self.memory = memory = MemoryStats(sorted(self.stages))
         for st in self.stages.values():
             # ops.zeros, not zeros_like: for a Parameter shrunk to its shard (set_data(slice_shape=True))
@@ -577,19 +598,18 @@ class PipelineRuntime:
         try:
             for step in self.schedule.local_order:
                 start = time.perf_counter() if self.record else 0.0
-                done = self._execute(step, xs, ys, acts, grads, saved, losses, m)
+                done = self._execute(step, run)
                 if self.record:   # wait for the step's own result (a transfer's too) to time it
                     self._sync(done if done is not None or not step.type.is_p2p or self._pending is None
                                else self._pending[0])
                     self.trace.append((step, start, time.perf_counter()))
-                memory.tables(acts, grads, saved)
+                memory.tables(run.acts, run.grads, run.saved)
         except BaseException:
             for st in self.stages.values():   # records of microbatches that never ran backward
-                tape = st._fns.get(("tape", self.mode))
-                if tape is not None:
-                    tape.discard()
+                st.discard_records(self.mode)
             raise
         self._wait_for_transfers()
+        losses = run.losses
         loss = sum(losses[1:], losses[0]) if losses else None
         self._sum_copies()
         loss = self._average_over_replicas(loss)
@@ -623,17 +643,18 @@ class PipelineRuntime:
         if done is not None:
             done.asnumpy()
 
-    def _execute(self, step: MetaStep, xs, ys, acts, grads, saved, losses, m: int):
+    def _execute(self, step: MetaStep, run: _RunState):
         """One step of the local order; returns a compute step's last result (to wait for)."""
         mb, s, t = step.micro_index, step.stage_index, step.type
         stage = self.stages.get(s)
+        acts, grads, saved, m = run.acts, run.grads, run.saved, run.m
         if t is T.FWD:
-            x = xs[mb] if s == self._first(mb) else acts.pop((mb, s - 1))   # now held as this stage's saved input
+            x = run.xs[mb] if s == self._first(mb) else acts.pop((mb, s - 1))   # now held as this stage's saved input
             args = tuple(x) if isinstance(x, (tuple, list)) else (x,)  # first stage: several inputs
             nbytes = _nbytes(args)
             self.memory.save(s, nbytes)
             if stage.is_last:
-                args = args + (ys[mb],)
+                args = args + (run.ys[mb],)
             out = None
             if not stage.recomputes(self.mode):   # recorded: the backward uses this forward's record
                 try:
@@ -647,15 +668,15 @@ class PipelineRuntime:
                 saved[(mb, s)] = (args, rng_snapshot(), nbytes)   # the backward replays this random state
                 out = stage.compiled("forward", self.mode, m)(*args)
             if stage.is_last:
-                losses.append(out)
+                run.losses.append(out)
             elif isinstance(out, tuple):   # (activation, stage-local loss): see PipelineStage
                 out, local = out
                 stage.local_loss_dtype = local.dtype
-                losses.append(local * (1.0 / m))   # scaled as the last stage's loss
+                run.losses.append(local * (1.0 / m))   # scaled as the last stage's loss
             acts[(mb, s)] = out
             return out
         elif t in (T.BWD, T.BWD_INPUT, T.BWD_WEIGHT):
-            return self._backward(step, stage, saved, acts, grads, m)
+            return self._backward(step, stage, run)
         elif t is T.FWD_SEND:
             out = acts.pop((mb, s))
             self._send(out, s, s + 1, self._check_boundary(s, out), f"the activation of microbatch {mb}")
@@ -759,8 +780,9 @@ class PipelineRuntime:
             loss = comm.all_reduce(loss, "avg", last.dp_group)
         return loss
 
-    def _sens(self, step: MetaStep, stage: PipelineStage, acts, grads):
+    def _sens(self, step: MetaStep, stage: PipelineStage, run: _RunState):
         mb, s = step.micro_index, step.stage_index
+        acts, grads = run.acts, run.grads
         if stage.is_last:
             return ops.ones((), acts[(mb, s)].dtype)   # acts[(mb, s)]: the loss
         if stage.local_loss_dtype is not None:   # d(step loss)/d(stage-local loss) = 1/m, like the last stage's
@@ -768,13 +790,14 @@ class PipelineRuntime:
             return grads[(mb, s + 1)], ops.full((), scale, dtype=stage.local_loss_dtype)
         return grads[(mb, s + 1)]
 
-    def _backward(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
-        entry = saved.get((step.micro_index, step.stage_index))
+    def _backward(self, step: MetaStep, stage: PipelineStage, run: _RunState):
+        entry = run.saved.get((step.micro_index, step.stage_index))
         if entry is None or entry[1] is None:   # no random state kept: a recorded forward (or its BWD_WEIGHT)
-            return self._backward_recorded(step, stage, saved, acts, grads, m)
+            return self._backward_recorded(step, stage, run)
         mb, s, t = step.micro_index, step.stage_index, step.type
+        acts, grads, saved, m = run.acts, run.grads, run.saved, run.m
         args, rng_state, nbytes = saved[(mb, s)]
-        sens = self._sens(step, stage, acts, grads)
+        sens = self._sens(step, stage, run)
         reached = rng_snapshot()
         rng_restore(rng_state)   # the recomputed forward draws the forward's dropout masks
         try:
@@ -801,14 +824,15 @@ class PipelineRuntime:
                 acts.pop((mb, s), None)
         return done
 
-    def _backward_recorded(self, step: MetaStep, stage: PipelineStage, saved, acts, grads, m: int):
+    def _backward_recorded(self, step: MetaStep, stage: PipelineStage, run: _RunState):
         """The backward of the forward's record: BWD, or BWD_INPUT computing input and weight
         gradients in one pass (its BWD_WEIGHT then has nothing left to do)."""
         mb, s, t = step.micro_index, step.stage_index, step.type
         if t is T.BWD_WEIGHT:
             return None
-        args, _, nbytes = saved.pop((mb, s))
-        sens = self._sens(step, stage, acts, grads)
+        acts, grads, m = run.acts, run.grads, run.m
+        args, _, nbytes = run.saved.pop((mb, s))
+        sens = self._sens(step, stage, run)
         input_grads, weight_grads = stage.compiled("tape", self.mode, m).backward(args, sens)
         if s != self._first(mb):   # the first stage's input gradient goes nowhere
             grads[(mb, s)] = input_grads[0]

@@ -39,6 +39,9 @@ class PipelineScheduleBase:
     # through stages 0..stage_num-1. A subclass with several routes (DualPipe) overrides
     # ``make_routes``; the validator, ``add_communication``, the lowering and the runtime follow them.
     routes = None
+    # the runtime gave every copy of a model stage (``copies``, DualPipe) its first copy's weights: done
+    # once per schedule (``PipelineRuntime.sync_copies``)
+    copies_synced = False
 
     def __init__(self, stages: Sequence, micro_batch_num: int,
                  placement: PlacementSpec = "interleaved") -> None:
