@@ -105,15 +105,13 @@ def get_world_size() -> int:
     return get_env().world_size
 
 
-def destroy_distributed() -> None:
-    """Release communication and forget cached groups; safe to call when not initialized."""
+def release_distributed() -> bool:
+    """Release MindSpore communication and forget the environment; False when not initialized. The
+    caches above it (groups, collective Cells) are cleared first by ``teardown.destroy_distributed``."""
     global _ENV
     if _ENV is None:
-        return
-    from . import process_group
-    from .comm import functional
-    process_group.clear_group_cache()
-    functional.clear_cache()
+        return False
     if _ENV.is_distributed:
         ms_comm.release()
     _ENV = None
+    return True

@@ -242,7 +242,7 @@ def supervise(command: Sequence[str], output_dir: Optional[str], workers: int = 
 def job_settings(script_args: Sequence[str]) -> Tuple[str, int, float]:
     """A run_mindformer.py command line's (output_dir, restarts, heartbeat timeout): its validated
     config's ``runner_config.max_restarts`` / ``heartbeat_timeout``, or its flags when given."""
-    from .cli import parse
+    from .arguments import parse
     from .config import load_config
     args, overrides = parse(script_args)
     cfg = load_config(args.config, [f"{k}={v}" for k, v in overrides], worker_num=int(os.environ.get(
