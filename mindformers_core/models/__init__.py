@@ -6,9 +6,9 @@ table); importing this package registers the built-in ones (Llama). User familie
 """
 from .registry import (ModelSpec, get_model_spec, import_register_path, register_model, registered_models,
                        resolve_model, spec_of_model)
-from .state_dict import NameRule, StateDictAdapter, layer_rules
+from .state_dict import NameRule, StackedRule, StateDictAdapter, layer_rules
 from .llama import LlamaConfig, LlamaForCausalLM, llama_ffn_hidden_size, llama_layer_spec
 
 __all__ = ["ModelSpec", "register_model", "get_model_spec", "registered_models", "resolve_model", "spec_of_model",
-           "import_register_path", "NameRule", "StateDictAdapter", "layer_rules",
+           "import_register_path", "NameRule", "StackedRule", "StateDictAdapter", "layer_rules",
            "LlamaConfig", "LlamaForCausalLM", "llama_ffn_hidden_size", "llama_layer_spec"]

@@ -7,21 +7,25 @@ Each row is a :class:`NameRule`: our parameter name and the Hugging Face name, a
 :class:`StateDictAdapter` holds a family's rows; the converter (``research/llama/convert_weight.py``),
 the loader and exporter and the tests read the same table.
 
-A row maps one tensor of ours to one Hugging Face tensor. Stacked or fused tensors (experts stored as
-one ``(E, in, out)`` tensor, fused qkv) fit as other :class:`Rule` kinds: a rule says which of our
-names it matches, which Hugging Face names feed one of ours (``hf_sources``) and how to build ours from
-them and back. Pure NumPy; no MindSpore.
+A row maps one tensor of ours to one Hugging Face tensor. Stacked tensors -- our routed experts are one
+``(E, in, out)`` tensor per projection, Hugging Face stores ``experts.{e}.…`` one per expert -- are a
+:class:`StackedRule`. Every rule can also build just a *region* of our tensor from slices of the
+Hugging Face tensors (``read``): that is how a rank of a parallel job loads only what it holds.
+Pure NumPy; no MindSpore.
 """
 from __future__ import annotations
 
 import re
 from functools import lru_cache
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Rule", "NameRule", "StateDictAdapter", "layer_rules"]
+__all__ = ["Rule", "NameRule", "StackedRule", "StateDictAdapter", "layer_rules", "Region", "HFReader"]
+
+Region = Tuple[Tuple[int, int], ...]           # per dim (start, stop) of a global tensor
+HFReader = Callable[[str, Optional[Tuple[slice, ...]]], np.ndarray]   # (hf name, slices or None) -> array
 
 _FIELD = re.compile(r"\{(\w+)\}")
 
@@ -50,13 +54,22 @@ class Rule:
     def ours(self, fields: Mapping[str, int]) -> str:
         raise NotImplementedError
 
-    def hf_sources(self, fields: Mapping[str, int]) -> List[str]:
+    def hf_sources(self, fields: Mapping[str, int], shape: Optional[Tuple[int, ...]] = None) -> List[str]:
         raise NotImplementedError
 
     def to_hf(self, fields: Mapping[str, int], array: np.ndarray) -> Dict[str, np.ndarray]:
         raise NotImplementedError
 
     def from_hf(self, fields: Mapping[str, int], arrays: Sequence[np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def read(self, fields: Mapping[str, int], shape: Tuple[int, ...], region: Region, reader: HFReader) -> np.ndarray:
+        """The ``region`` of our tensor (global ``shape``) from slices of the Hugging Face tensors
+        (``reader(hf name, slices)``): only what the region needs is read."""
+        raise NotImplementedError
+
+    def hf_shapes(self, fields: Mapping[str, int], shape: Tuple[int, ...]) -> Dict[str, Tuple[int, ...]]:
+        """The Hugging Face name and shape of each source of our tensor of global ``shape``."""
         raise NotImplementedError
 
 
@@ -82,7 +95,7 @@ class NameRule(Rule):
     def ours(self, fields):
         return self.ours_pattern.format(**fields)
 
-    def hf_sources(self, fields):
+    def hf_sources(self, fields, shape=None):
         return [self.hf_pattern.format(**fields)]
 
     def _flip(self, array):
@@ -94,6 +107,68 @@ class NameRule(Rule):
 
     def from_hf(self, fields, arrays):
         return self._flip(arrays[0])
+
+    def read(self, fields, shape, region, reader):
+        slices = tuple(slice(a, b) for a, b in region)
+        return self._flip(reader(self.hf_pattern.format(**fields), slices[::-1] if self.transpose else slices))
+
+    def hf_shapes(self, fields, shape):
+        return {self.hf_pattern.format(**fields): tuple(shape)[::-1] if self.transpose else tuple(shape)}
+
+
+@dataclass(frozen=True)
+class StackedRule(Rule):
+    """One tensor of ours, ``(E, ...)``, stacks E Hugging Face tensors named by ``{e}`` (routed experts:
+    ours ``decoder.layers.{i}.mlp.experts.w_gate`` (E, h, f) <- ``model.layers.{i}.mlp.experts.{e}.gate_proj.weight``
+    (f, h) each, transposed). ``stack_field`` names the stacked index in ``hf_pattern``."""
+    ours_pattern: str
+    hf_pattern: str
+    transpose: bool = False
+    stack_field: str = "e"
+
+    def __post_init__(self):
+        ours, hf = set(_FIELD.findall(self.ours_pattern)), set(_FIELD.findall(self.hf_pattern))
+        if hf != ours | {self.stack_field} or self.stack_field in ours:
+            raise ValueError(f"StackedRule: {self.hf_pattern!r} must use the fields of {self.ours_pattern!r} plus "
+                             f"{{{self.stack_field}}}")
+
+    def match_ours(self, name):
+        m = _compile(self.ours_pattern).fullmatch(name)
+        return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+
+    def match_hf(self, name):
+        m = _compile(self.hf_pattern).fullmatch(name)
+        return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+
+    def ours(self, fields):
+        return self.ours_pattern.format(**{k: v for k, v in fields.items() if k != self.stack_field})
+
+    def _name(self, fields, e):
+        return self.hf_pattern.format(**dict(fields, **{self.stack_field: e}))
+
+    def hf_sources(self, fields, shape=None):
+        if shape is None:
+            raise ValueError(f"StackedRule {self.ours_pattern!r}: the number of stacked tensors comes from our shape")
+        return [self._name(fields, e) for e in range(shape[0])]
+
+    def _flip(self, array):
+        array = np.asarray(array)
+        return np.ascontiguousarray(array.T if self.transpose else array)
+
+    def to_hf(self, fields, array):
+        return {self._name(fields, e): self._flip(array[e]) for e in range(np.shape(array)[0])}
+
+    def from_hf(self, fields, arrays):
+        return np.stack([self._flip(a) for a in arrays])
+
+    def read(self, fields, shape, region, reader):
+        inner = tuple(slice(a, b) for a, b in region[1:])
+        inner = inner[::-1] if self.transpose else inner
+        return np.stack([self._flip(reader(self._name(fields, e), inner)) for e in range(*region[0])])
+
+    def hf_shapes(self, fields, shape):
+        one = tuple(shape[1:])[::-1] if self.transpose else tuple(shape[1:])
+        return {self._name(fields, e): one for e in range(shape[0])}
 
 
 def layer_rules(ours_prefix: str, hf_prefix: str, table: Mapping[str, Tuple[str, bool]]) -> List[NameRule]:
@@ -122,10 +197,40 @@ class StateDictAdapter:
                 return rule, fields
         raise KeyError(f"no Hugging Face name for parameter {name!r} in this family's table")
 
-    def hf_names(self, name: str) -> List[str]:
-        """The Hugging Face names our parameter ``name`` is stored under."""
+    def hf_names(self, name: str, shape: Optional[Tuple[int, ...]] = None) -> List[str]:
+        """The Hugging Face names our parameter ``name`` (of global ``shape``: stacked tensors need it) is
+        stored under."""
         rule, fields = self._ours(name)
-        return rule.hf_sources(fields)
+        return rule.hf_sources(fields, shape)
+
+    def hf_shapes(self, name: str, shape: Tuple[int, ...]) -> Dict[str, Tuple[int, ...]]:
+        """``{hf name: hf shape}`` of the sources of our parameter ``name`` of global ``shape``."""
+        rule, fields = self._ours(name)
+        return rule.hf_shapes(fields, tuple(shape))
+
+    def read(self, name: str, shape: Tuple[int, ...], region: Region, reader: HFReader) -> np.ndarray:
+        """The ``region`` of our parameter ``name`` (global ``shape``) read through ``reader``; a Hugging
+        Face name the reader does not hold (``KeyError``) is read from its fallback when it has one."""
+        rule, fields = self._ours(name)
+
+        def with_fallback(hf, slices):
+            try:
+                return reader(hf, slices)
+            except KeyError:
+                if hf in self.fallbacks:
+                    return reader(self.fallbacks[hf], slices)
+                raise
+        return rule.read(fields, tuple(shape), tuple(tuple(r) for r in region), with_fallback)
+
+    def ours_of_hf(self, hf: str) -> Optional[str]:
+        """Our name for a Hugging Face tensor name (None: ignored by this family; KeyError: no row)."""
+        if any(_compile(p).fullmatch(hf) for p in self.ignored):
+            return None
+        for rule in self.rules:
+            fields = rule.match_hf(hf)
+            if fields is not None:
+                return rule.ours(fields)
+        raise KeyError(f"Hugging Face tensor {hf!r}: no row of this family's table names it")
 
     def to_hf(self, state: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """Our state dict (global layer numbers) under Hugging Face names and shapes."""
@@ -163,5 +268,12 @@ class StateDictAdapter:
         out = {}
         for name in names:
             rule, fields = self._ours(name)
-            out[name] = rule.from_hf(fields, [self._source(hf_state, hf, name) for hf in rule.hf_sources(fields)])
+            if isinstance(rule, StackedRule):     # the stacked count: the Hugging Face tensors present
+                count = 0
+                while rule._name(fields, count) in hf_state:
+                    count += 1
+                sources = rule.hf_sources(fields, (count,))
+            else:
+                sources = rule.hf_sources(fields)
+            out[name] = rule.from_hf(fields, [self._source(hf_state, hf, name) for hf in sources])
         return out
