@@ -191,28 +191,20 @@ def plain_step_fn(gradients: Callable, update: GradientUpdate, k: int, jit: bool
     gradients summed, then ``update`` once. ``model``: ``gradients`` is that model's ``value_and_grad``
     (compiled under jit; with ``k == 1`` the whole step is one function: one graph); without it (a
     pipeline) ``gradients`` runs eagerly around its stages' own graphs."""
+    # in a graph the guard's decision is a Tensor the optimizer reads; in PyNative it is taken on the host
+    finish = update if jit else update.eager
+
+    def apply(grads, loss):
+        loss, norm, _ = finish(grads, loss)
+        return loss, norm
     if model is not None and k == 1:
         def step(*batch):
             loss, grads = gradients(*batch)
-            loss, norm, _ = update(grads, loss)
-            return loss, norm
-
-        def eager_step(*batch):
-            loss, grads = gradients(*batch)
-            loss, norm, _ = update.eager(grads, loss)
-            return loss, norm
-        return compile_blocking(step, cells=[model]) if jit else eager_step
+            return apply(grads, loss)
+        return compile_blocking(step, cells=[model]) if jit else step
     if model is not None and jit:
         gradients = compile_blocking(gradients, cells=[model])
-
-    def apply(grads, loss):     # in a graph: the guard's decision is a Tensor the optimizer reads
-        loss, norm, _ = update(grads, loss)
-        return loss, norm
-
-    def eager_apply(grads, loss):
-        loss, norm, _ = update.eager(grads, loss)
-        return loss, norm
-    apply_fn = compile_blocking(apply) if jit else eager_apply
+    apply_fn = compile_blocking(apply) if jit else apply
 
     def accumulating_step(*batch):
         total, summed = 0.0, None
