@@ -59,8 +59,20 @@ def state_params_of(chunks) -> List:
     return [router.expert_bias for chunk in chunks for _, router in routers_of(chunk) if router.use_bias]
 
 
-def _saved_names(root: str, step) -> set:
-    """Names of the parameters a checkpoint step (or a single file, ``root == "file"``) holds."""
+def _saved_names(root: str, step, adapter=None) -> set:
+    """Names of the parameters a checkpoint step (or a single file, ``root == "file"``, or a Hugging Face
+    folder, ``root == "hf"``, read through the family's ``adapter``) holds."""
+    if root == "hf":
+        from ..models.hf.folder import open_folder
+        names = set()
+        for hf in open_folder(step).tensors:
+            try:
+                ours = adapter.ours_of_hf(hf) if adapter is not None else None
+            except KeyError:
+                ours = None
+            if ours is not None:
+                names.add(ours)
+        return names
     if root == "file":
         from ..checkpoint.index import index_single_file
         return set(index_single_file(step).entries)
@@ -76,8 +88,9 @@ class Checkpointer:
     def __init__(self, directory: str, rank: int, world: int, params: List, dp: int, dp_rank: int,
                  optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
                  log: Callable[[str], None] = print, async_save: bool = False, fallback: bool = False,
-                 state_params: Sequence = (), copies: Sequence = ()):
+                 state_params: Sequence = (), copies: Sequence = (), hf_adapter=None):
         self.directory, self.rank, self.world = directory, rank, world
+        self.hf_adapter = hf_adapter    # the model family's Hugging Face name table (load_checkpoint: an HF folder)
         # DualPipe's up copy (``BuiltModel.copies``): parameters named as the down copy of the same model
         # stage on another pipeline rank, equal to it with equal AdamW moments (the two copies take the
         # same summed gradient). Saved once (by the down copy): the checkpoint is the one-chain model's;
@@ -163,21 +176,23 @@ class Checkpointer:
             root, step = resolve_checkpoint(directory)
         else:
             root = directory
-        if self.fallback and root != "file":
+        if self.fallback and root not in ("file", "hf"):
             step = self._intact_step(root, step)
         targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in self.params}
         where = f"load_checkpoint = {directory!r}"
         try:
             state = []
             if self.state_params:        # checkpoints written before the expert bias was saved have none
-                saved = _saved_names(root, step)
+                saved = _saved_names(root, step, self.hf_adapter)
                 state = [p for p in self.state_params if p.name in saved]
                 absent = [p.name for p in self.state_params if p.name not in saved]
                 if absent and self.rank == 0:
                     self.log(f"WARNING: {directory} holds no {absent[0]}" + (f" (nor {len(absent) - 1} more)"
                              if len(absent) > 1 else "") + ": it keeps its initial value (the expert bias: zero)")
                 targets.update({p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in state})
-            if root == "file":
+            if root == "hf":
+                values = self._load_hf(step, targets)
+            elif root == "file":
                 values = shard_single_file(step, targets, self.rank, strict=False)
             else:
                 values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
@@ -186,7 +201,7 @@ class Checkpointer:
                     set_parameter(p, values[p.name])  # full shape once communication is initialised
             if not resume:
                 if self.rank == 0:
-                    self.log(f"loaded weights from {directory}" + ("" if root == "file" else f" (step {step})"))
+                    self.log(f"loaded weights from {directory}" + ("" if root in ("file", "hf") else f" (step {step})"))
                 return 0
             if root == "file":
                 raise ConfigError([f"{where}: a single file holds weights only; resume needs a checkpoint directory"])
@@ -212,6 +227,31 @@ class Checkpointer:
         set_parameter(self.optimizer.global_step, np.array(int(saved.get("optimizer_step", trained)), np.int32))
         self._restore_data(state, where)
         return trained
+
+    def _load_hf(self, folder_path: str, targets) -> Dict[str, np.ndarray]:
+        """This rank's region of every target from a Hugging Face folder, through the family's table, cast
+        to the parameters' dtypes. A problem (a missing tensor, a shape the config does not give) is a
+        ConfigError naming the tensor and the file."""
+        from ..models.hf.folder import FolderError, open_folder
+        from ..models.hf.loader import load_hf_weights, unused_tensors
+        where = f"load_checkpoint = {folder_path!r}"
+        if self.hf_adapter is None:
+            raise ConfigError([f"{where}: a Hugging Face model folder, but this model family has no Hugging Face "
+                               "name table (register one with register_model(..., state_dict_adapter=...))"])
+        try:
+            folder = open_folder(folder_path)
+            values = load_hf_weights(folder, self.hf_adapter, targets, self.rank)
+        except FolderError as e:
+            raise ConfigError([f"{where}: {e}"]) from None
+        dtypes = {p.name: ms.dtype_to_nptype(p.dtype) for p in self.params + self.state_params}
+        values = {k: v.astype(dtypes.get(k, v.dtype), copy=False) for k, v in values.items()}
+        if self.rank == 0 and self.world == 1:
+            extra = unused_tensors(folder, self.hf_adapter, list(targets))
+            if extra:
+                self.log(f"WARNING: {len(extra)} tensor(s) of {folder_path} are not used by the model "
+                         f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}): does the config describe "
+                         "fewer layers or parts than the weights hold?")
+        return values
 
     def _intact_step(self, root: str, step) -> Any:
         """``resume_fallback_to_intact``: ``step`` when it verifies, else the newest older intact step,

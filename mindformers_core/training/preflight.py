@@ -65,7 +65,9 @@ def data_files(path: str, kind: str, section: str = "train_dataset") -> List[str
 
 def resolve_checkpoint(path: str, key: str = "load_checkpoint") -> Tuple[str, Any]:
     """``(root, step)`` for a checkpoint path: a root directory (``"latest"``), one of its
-    ``step_<k>`` directories, or ``("file", path)`` for a safetensors file of full tensors."""
+    ``step_<k>`` directories, ``("file", path)`` for a safetensors file of full tensors, or
+    ``("hf", path)`` for a Hugging Face model folder (config.json + safetensors; checked here, before any
+    process group: files, index, truncation)."""
     where = f"{key} = {path!r}"
     if os.path.isfile(path):
         if not path.endswith(".safetensors"):
@@ -79,6 +81,13 @@ def resolve_checkpoint(path: str, key: str = "load_checkpoint") -> Tuple[str, An
         return os.path.dirname(os.path.normpath(path)), int(m.group(1))
     if os.path.isfile(os.path.join(path, TRACKER)) or list_steps(path):
         return path, "latest"
+    if os.path.isfile(os.path.join(path, "config.json")):
+        from ..models.hf.folder import FolderError, open_folder
+        try:
+            open_folder(path)
+        except FolderError as e:
+            raise ConfigError([f"{where}: {e}"]) from None
+        return "hf", os.path.abspath(path)
     raise ConfigError([f"{where}: not a checkpoint directory (no {TRACKER} and no step_<k>/ inside); give the "
                        "<output_dir>/checkpoint directory, one of its step_<k> directories, or a .safetensors file"])
 
@@ -388,15 +397,18 @@ class _Checks:
                         raise ConfigError([f"resume_training = {resume!r}: must be True/False, a checkpoint path, "
                                            f"or a step ('step_6' or '6') of {base}"])
                     root, step = resolve_checkpoint(os.path.join(base, f"step_{m.group(1)}"), "resume_training")
-                if root == "file":
-                    raise ConfigError([f"resume_training = {resume!r}: a single file holds weights only; resume "
+                if root in ("file", "hf"):
+                    raise ConfigError([f"resume_training = {resume!r}: " + ("a single file" if root == "file" else
+                                       "a Hugging Face model folder") + " holds weights only; resume "
                                        "needs a checkpoint directory (optimizer and data state)"])
                 return root, step, True
             if cfg.load_checkpoint:
                 root, step = resolve_checkpoint(cfg.load_checkpoint)
-                if resume and root == "file":
-                    raise ConfigError([f"load_checkpoint = {cfg.load_checkpoint!r}: a single file holds weights "
-                                       "only; resume_training needs a checkpoint directory"])
+                if resume and root in ("file", "hf"):
+                    raise ConfigError([f"load_checkpoint = {cfg.load_checkpoint!r}: " + ("a single file" if root ==
+                                       "file" else "a Hugging Face model folder") + " holds weights only; "
+                                       "resume_training needs a checkpoint directory (load the folder with "
+                                       "resume_training: False to fine-tune from it)"])
                 return root, step, bool(resume) and not self.shape.predicting
             if resume:
                 own = os.path.join(self.output_dir, "checkpoint")
@@ -416,7 +428,7 @@ class _Checks:
         vocab = int(cfg.model.model_config.vocab_size)
         tok = cfg.train_dataset.tokenizer_file
         key = "train_dataset.tokenizer_file"
-        if not tok and self.shape.predicting and source and source[0] != "file":
+        if not tok and self.shape.predicting and source and source[0] not in ("file", "hf"):
             try:
                 tok = (load_training_state(source[0], source[1]).trainer_state or {}).get("tokenizer_file")
                 key = f"the tokenizer recorded in the checkpoint {source[0]}"

@@ -28,6 +28,7 @@ from mindspore import Tensor
 
 from ..common.batch import model_args
 from ..distributed.env import get_env, init_distributed
+from ..models import get_model_spec
 from ..sharding.annotations import global_shape_of
 from .checkpointing import Checkpointer, state_params_of
 from .config import Config, ConfigError
@@ -95,7 +96,8 @@ class Trainer:
         common = dict(directory=self.checkpoint_dir, rank=self.rank, world=self.world, dp=shape.dp,
                       dp_rank=self.topology.dp_rank, keep=keep, log=self.log,
                       async_save=bool(ckpt is not None and ckpt.get("async_save")),
-                      fallback=bool(cfg.get("resume_fallback_to_intact", False)))
+                      fallback=bool(cfg.get("resume_fallback_to_intact", False)),
+                      hf_adapter=get_model_spec(cfg.model.arch.type).state_dict_adapter)
         if shape.predicting:
             from ..data.tokenizer import build_tokenizer
             self.tokenizer = build_tokenizer(self.found.tokenizer_kind, self.tokenizer_file)
