@@ -35,7 +35,9 @@ class ModelSpec:
     kind of tokenizer its data is read with (``build_tokenizer(kind, file)``); ``layer_spec``: its
     spec function ``(config, layer_number) -> LayerSpec`` (None: the model class decides);
     ``state_dict_adapter``: its Hugging Face names <-> ours (``to_hf`` / ``from_hf`` on NumPy
-    dicts, ``models.state_dict.StateDictAdapter``), None when it has none."""
+    dicts, ``models.state_dict.StateDictAdapter``), None when it has none; ``hf_config``: its Hugging Face
+    ``config.json`` mapping (``models.hf.config.HFConfigMapping``: the architectures it reads, config.json
+    keys <-> model_config keys), None when it reads no Hugging Face folder."""
     name: str
     model_class: type
     config_class: type
@@ -43,6 +45,7 @@ class ModelSpec:
     tokenizer: str = DEFAULT_TOKENIZER
     layer_spec: Optional[Callable[..., Any]] = None
     state_dict_adapter: Optional[Any] = None
+    hf_config: Optional[Any] = None
 
 
 _REGISTRY: Dict[str, ModelSpec] = {}
@@ -69,12 +72,12 @@ def _same_definition(a: type, b: type) -> bool:
 
 def register_model(name: Optional[str] = None, *, config_class: type, model_type: Optional[str] = None,
                    tokenizer: str = DEFAULT_TOKENIZER, layer_spec: Optional[Callable[..., Any]] = None,
-                   state_dict_adapter: Optional[Any] = None):
+                   state_dict_adapter: Optional[Any] = None, hf_config: Optional[Any] = None):
     """Class decorator: register the model class under ``name`` (default: the class's ``__name__``)
     with its ``config_class``. Registering the same class again is a no-op; registering another
     class under a taken name raises ``ValueError`` naming both. ``model_type`` (e.g. ``"llama"``) is
     the family name configs written in the Hugging Face style give instead of a class name;
-    ``tokenizer``, ``layer_spec`` and ``state_dict_adapter`` as in :class:`ModelSpec`."""
+    ``tokenizer``, ``layer_spec``, ``state_dict_adapter`` and ``hf_config`` as in :class:`ModelSpec`."""
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"register_model: name must be a non-empty string or None, got {name!r}")
     if not isinstance(config_class, type):
@@ -88,6 +91,10 @@ def register_model(name: Optional[str] = None, *, config_class: type, model_type
                                                   for m in ("to_hf", "from_hf")):
         raise ValueError(f"register_model: state_dict_adapter must have to_hf(state) and from_hf(hf_state), "
                          f"got {state_dict_adapter!r}")
+    if hf_config is not None and not (getattr(hf_config, "architectures", None) and callable(getattr(hf_config, "read", None))
+                                      and callable(getattr(hf_config, "write", None))):
+        raise ValueError(f"register_model: hf_config must have architectures, read(hf_dict, source) and "
+                         f"write(config) (models.hf.config.HFConfigMapping), got {hf_config!r}")
 
     def decorate(model_class: type) -> type:
         if not isinstance(model_class, type):
@@ -102,7 +109,7 @@ def register_model(name: Optional[str] = None, *, config_class: type, model_type
             raise ValueError(f"register_model: model_type {model_type!r} already names "
                              f"{_MODEL_TYPES[model_type]!r}; cannot give it to {key!r}")
         _REGISTRY[key] = ModelSpec(key, model_class, config_class, model_type, tokenizer, layer_spec,
-                                   state_dict_adapter)
+                                   state_dict_adapter, hf_config)
         if model_type is not None:
             _MODEL_TYPES[model_type] = key
         return model_class

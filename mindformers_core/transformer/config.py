@@ -8,7 +8,7 @@ size, ...) fail here, with the field, the value and the rule, before any process
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Optional
+from typing import Any, Optional
 
 import mindspore as ms
 
@@ -82,6 +82,8 @@ class TransformerConfig:
     moe_expert_capacity_factor: Optional[float] = None     # None = dropless
     moe_token_drop_policy: str = "position"
     moe_first_k_dense_layers: int = 0                  # first_k_dense_replace: the first k layers stay dense
+    moe_layer_freq: Any = 1                            # Megatron's: N = layers 0, N, 2N, ... are MoE; or a 0/1
+    #                                                    list per layer (Qwen3-MoE's decoder_sparse_step/mlp_only_layers)
     expert_model_parallel_size: int = 1
 
     def __post_init__(self):
@@ -220,8 +222,15 @@ class TransformerConfig:
         return self.num_moe_experts is not None
 
     def is_moe_layer(self, layer_number: int) -> bool:
-        """Layer ``layer_number`` (global, 1-based) has a mixture-of-experts MLP."""
-        return self.is_moe and layer_number > self.moe_first_k_dense_layers
+        """Layer ``layer_number`` (global, 1-based) has a mixture-of-experts MLP: past the first
+        ``moe_first_k_dense_layers``, and one the ``moe_layer_freq`` pattern marks (an int N: layer
+        indices 0, N, 2N, ...; a list: 1 per MoE layer, 0 per dense one)."""
+        if not self.is_moe or layer_number <= self.moe_first_k_dense_layers:
+            return False
+        freq = self.moe_layer_freq
+        if isinstance(freq, (list, tuple)):
+            return bool(freq[layer_number - 1])
+        return (layer_number - 1) % freq == 0
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

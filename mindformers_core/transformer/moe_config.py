@@ -78,6 +78,18 @@ def moe_config_problems(c):
     if bad_int(first, 0) or first >= c.num_layers:
         out.append(("moe_first_k_dense_layers", first, f"must be an integer in [0, num_layers={c.num_layers}) "
                     "(at least one layer must be a mixture of experts)"))
+    freq = c.moe_layer_freq
+    if isinstance(freq, (list, tuple)):
+        if len(freq) != c.num_layers or any(v not in (0, 1) or isinstance(v, float) for v in freq):
+            out.append(("moe_layer_freq", list(freq), f"must be an integer >= 1 or a list of num_layers={c.num_layers} "
+                        "values 0 (dense layer) / 1 (MoE layer)"))
+    elif bad_int(freq):
+        out.append(("moe_layer_freq", freq, "must be an integer >= 1 (MoE every N-th layer from layer 0) or a list of "
+                    "0/1 per layer"))
+    if not any(out_ for out_ in out if out_[0] in ("moe_layer_freq", "moe_first_k_dense_layers")) \
+            and not any(c.is_moe_layer(n) for n in range(1, c.num_layers + 1)):
+        out.append(("moe_layer_freq", freq if not isinstance(freq, tuple) else list(freq),
+                    f"with moe_first_k_dense_layers={first} leaves no mixture-of-experts layer; at least one is needed"))
     if E % ep:
         out.append(("num_moe_experts", E, f"must be divisible by expert_model_parallel_size={ep}"))
     if c.data_parallel_size % ep:

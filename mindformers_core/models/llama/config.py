@@ -21,9 +21,10 @@ _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidde
             "rms_norm_eps": "layernorm_epsilon", "rope_theta": "rotary_base",
             "tie_word_embeddings": "tie_word_embeddings", "compute_dtype": "compute_dtype",
             "param_init_dtype": "params_dtype", "offset": "offset", "add_qkv_bias": "add_qkv_bias",
-            "qk_layernorm": "qk_layernorm"}
+            "qk_layernorm": "qk_layernorm", "head_dim": "kv_channels", "kv_channels": "kv_channels"}
 _ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
-_IGNORED = ("type", "max_position_embeddings")   # rotary tables are built for seq_length
+# rotary tables are built for seq_length; use_flash_attention: the same attention computed unfused (CPU)
+_IGNORED = ("type", "max_position_embeddings", "use_flash_attention")
 
 
 def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
@@ -59,6 +60,8 @@ class LlamaConfig(TransformerConfig):
         for key, value in model_config.items():
             if key in _IGNORED or is_moe_key(key):
                 continue
+            if key in _RENAMED and value is None:
+                continue                        # null: the family's default (Qwen3's q/k norm, Qwen2's biases)
             if key in _RENAMED:
                 kwargs[_RENAMED[key]] = value
             elif key == "hidden_act":
@@ -72,10 +75,6 @@ class LlamaConfig(TransformerConfig):
                                      f"({kwargs['num_query_groups']} vs {value}); give at most one")
                 if value is not None:
                     kwargs["num_query_groups"] = value
-            elif key == "use_flash_attention":
-                if value:
-                    raise ValueError("LlamaConfig: model_config.use_flash_attention=True: there is no fused "
-                                     "attention kernel here (CPU); set it to False")
             else:
                 raise ValueError(f"LlamaConfig: unknown model_config key {key!r}")
         kwargs.update(moe_fields(model_config, lambda: kwargs.get("ffn_hidden_size")

@@ -7,6 +7,7 @@ permutation. Layers are named by their global index (``decoder.layers.{i}`` <-> 
 """
 from __future__ import annotations
 
+from ..hf.config import HFConfigMapping
 from ..state_dict import NameRule, StateDictAdapter, layer_rules
 
 # our name inside a layer -> (Hugging Face name inside a layer, transposed?)
@@ -38,3 +39,6 @@ LLAMA_HF = StateDictAdapter(
     + layer_rules("decoder.layers.{i}.", "model.layers.{i}.", LAYER_MAP),
     fallbacks={"lm_head.weight": "model.embed_tokens.weight"},      # a tied Hugging Face checkpoint
     ignored=("model.layers.{i}.self_attn.rotary_emb.inv_freq",))
+
+# config.json: LlamaForCausalLM (MindFormers' LlamaConfig default seq_length 2048 when the YAML gives none)
+LLAMA_HF_CONFIG = HFConfigMapping(("LlamaForCausalLM",), "llama", defaults={"seq_length": 2048})
