@@ -15,6 +15,7 @@ setup(
         "numpy<2",          # MindSpore 2.10 fails with NumPy 2 ("numpy.core.multiarray failed to import")
         "pyyaml>=6,<7",
         "sentencepiece>=0.2,<0.3",
+        "tokenizers==0.23.3",   # Hugging Face's fast tokenizers: reads tokenizer.json without transformers/torch; cp311 wheels
         "psutil>=5.9",      # process-tree cleanup in the msrun harness (also a MindSpore dependency)
         # TensorBoard event files (tensorboard.tensorboard_dir / monitor.tensorboard.output_dir): the writer
         # MindFormers itself uses; pure Python (numpy, packaging, protobuf), no TensorFlow or PyTorch. 2.6.5 is

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from .tokenizer import LlamaTokenizer, check_files
+from .tokenizer import as_tokenizer, check_files
 
 _CHUNK_DOCS = 4096  # documents per sentencepiece call: large enough for speed, small enough for memory
 
@@ -51,8 +51,11 @@ def read_documents(path, text_key="text"):
 def cache_file_for(files, tokenizer, cache_dir, text_key="text") -> str:
     """``<cache_dir>/tokens-<hash>.npy``: where :func:`tokenize_to_cache` writes the token ids of
     ``files`` (a checked list of paths), so other ranks can wait for that file. The hash covers
-    everything the ids depend on: file contents, tokenizer model, field name."""
+    everything the ids depend on: file contents, tokenizer model (and an HF tokenizer's BOS/EOS ids, which
+    come from the files next to its tokenizer.json), field name."""
     h = hashlib.sha256(f"v1|{text_key}|".encode())
+    if getattr(tokenizer, "cache_key", None):
+        h.update(f"{tokenizer.cache_key}|".encode())
     for path in files + [tokenizer.vocab_file]:
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -167,8 +170,7 @@ class PackedDataset(SampleOrder):
     def __init__(self, data_files, tokenizer, seq_length, cache_dir=None, text_key="text", seed=0,
                  shuffle=True, dp_rank=0, dp_size=1, drop_remainder=True):
         files = check_files(data_files, "data_files")
-        if not isinstance(tokenizer, LlamaTokenizer):
-            tokenizer = LlamaTokenizer(tokenizer)
+        tokenizer = as_tokenizer(tokenizer)      # a tokenizer, or the path of a .model / tokenizer.json / HF folder
         if seq_length < 1:
             raise ValueError(f"seq_length must be >= 1, got {seq_length}")
         if dp_size < 1 or not 0 <= dp_rank < dp_size:

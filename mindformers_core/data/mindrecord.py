@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 
 from .dataset import SampleOrder, tokenize_to_cache
-from .tokenizer import LlamaTokenizer, check_files
+from .tokenizer import as_tokenizer, check_files
 
 COLUMN = "input_ids"
 
@@ -30,8 +30,7 @@ def write_mindrecord(data_files, tokenizer, seq_length, output, text_key="text",
         raise ValueError(f"write_mindrecord: output={output!r} must end with .mindrecord")
     if seq_length < 1:
         raise ValueError(f"write_mindrecord: seq_length={seq_length} must be >= 1")
-    if not isinstance(tokenizer, LlamaTokenizer):
-        tokenizer = LlamaTokenizer(tokenizer)
+    tokenizer = as_tokenizer(tokenizer)
     output = os.path.abspath(output)
     cache = tokenize_to_cache(files, tokenizer, cache_dir or os.path.join(os.path.dirname(output), ".token_cache"),
                               text_key)
