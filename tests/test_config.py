@@ -157,7 +157,8 @@ def test_heads_and_kv_heads_must_divide_model_parallel():
 
 def test_other_divisibility_rules():
     assert errors_of({"model.model_config.hidden_size": 130}) == [
-        "model.model_config.hidden_size = 130: must be divisible by model.model_config.num_heads = 4"]
+        "model.model_config.hidden_size = 130: must be divisible by model.model_config.num_heads = 4 (or give "
+        "model.model_config.head_dim)"]
     assert errors_of({"use_parallel": True, "parallel_config.context_parallel": 2,
                       "model.model_config.seq_length": 127}, worker_num=2) == [
         "model.model_config.seq_length = 127: must be divisible by parallel_config.context_parallel = 2"]
@@ -194,7 +195,8 @@ def test_wrong_types_enums_bounds_and_missing():
     assert errors_of({"hsdp.optimizer_level": "level4"}) == [
         "hsdp.optimizer_level = 'level4': must be one of ['level1', 'level2', 'level3']"]
     assert errors_of({"parallel.pipeline_config.pipeline_scheduler": "seqpipe"}) == [
-        "parallel.pipeline_config.pipeline_scheduler = 'seqpipe': must be one of "
+        "parallel.pipeline_config.pipeline_scheduler = 'seqpipe': MindFormers' sequence-split pipeline schedules "
+        "(seq_split_num) are not implemented; must be one of "
         "['gpipe', '1f1b', 'interleaved', 'zb_h1', 'zbv', 'dualpipev', 'dualpipe']"]
     assert errors_of({"runner_config.batch_size": 0}) == ["runner_config.batch_size = 0: must be >= 1"]
     assert errors_of({"model.model_config.vocab_size": None}) == [

@@ -18,7 +18,7 @@ FLAGS = {  # flag -> config key (graph-mode dialect)
     "mode": "context.mode", "device_target": "context.device_target", "do_eval": "do_eval",
     "eval_dataset_dir": "eval_dataset.dataset_dir", "epochs": "runner_config.epochs",
     "batch_size": "runner_config.batch_size", "gradient_accumulation_steps": "runner_config.gradient_accumulation_steps",
-    "sink_mode": "runner_config.sink_mode",
+    "sink_mode": "runner_config.sink_mode", "pretrained_model_dir": "pretrained_model_dir",
 }
 # The same flags for a PyNative TrainConfig file; None: no such setting in that dialect (a named error).
 PYNATIVE_FLAGS = {

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 
 import yaml
 
-from .dialects import GRAPH, detect, override_known, suggest, translate, unknown
+from .dialects import GRAPH, detect, merge_pretrained_model_dir, override_known, suggest, translate, unknown
 from .rules import check_rules
 from .schema import NOT_RUNNABLE, SCHEMA, TYPE_CHECKS, Field, Section, default_tree, lookup
 
@@ -203,7 +203,7 @@ def _check_field(path: str, value: Any, f: Field) -> Optional[str]:
     """The first rule ``value`` breaks: type, then enum, then lower bound."""
     if not any(TYPE_CHECKS[t](value) for t in f.types):
         return f"{path} = {value!r}: must be {' or '.join(f.types)} (got {type(value).__name__})"
-    if f.choices and value not in f.choices:
+    if f.choices and value is not None and value not in f.choices:
         why = NOT_RUNNABLE.get(path, {}).get(value) if isinstance(value, str) else None
         return f"{path} = {value!r}: " + (f"{why}; " if why else "") + f"must be one of {list(f.choices)}"
     if f.min is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < f.min:
@@ -264,7 +264,10 @@ def validate(raw: Mapping[str, Any], overrides: Overrides = (), worker_num: int 
     raw = _unwrap(raw)
     dialect = detect(raw)
     apply_overrides(raw, parse_overrides(overrides), errors, dialect)
+    merged, origins = merge_pretrained_model_dir(raw, dialect)      # config.json under the YAML's model keys
+    errors += merged
     internal, report, problems = translate(raw, worker_num, dialect)
+    report.origin.update(origins)
     errors += problems
     checked: List[str] = []
     bad: Set[str] = set()

@@ -130,7 +130,7 @@ def known_paths(dialect: str) -> List[str]:
 def _model_names() -> List[str]:
     own = list(lookup("model.model_config").fields)
     return own + list(K.MODEL_ALIASES) + list(K.MODEL_CHECKED) + list(K.MODEL_NOT_APPLIED) + \
-        list(K.MODEL_HEAD_DIM)
+        [K.PRE_SOFTMAX, K.AUTO_REGISTER]
 
 
 def suggest(path: str, dialect: str) -> Optional[str]:
@@ -203,6 +203,8 @@ class _Translation:
         self.errors: List[str] = []
         self.out: Dict[str, Any] = {}
         self.given: Dict[str, Tuple[str, Any]] = {}        # schema path -> (user path, value) that set it
+        self.auto_register_arch: Optional[Tuple[str, Any]] = None      # (user key, 'module.Class')
+        self.auto_register_config: Optional[Tuple[str, Any]] = None
 
     def skip(self, path: str, reason: str) -> None:
         self.report.not_applied.append((re.sub(r"\[\d+\]", "", path), reason))
@@ -228,8 +230,21 @@ class _Translation:
             user = f"{prefix}{name}"
             if name == "offset" and isinstance(value, list) and value and all(isinstance(v, list) for v in value):
                 value = [o for chunk in value for o in chunk]    # per virtual stage lists -> stage order
-            if name == "moe_token_drop_policy" and value in (False, None):
-                self.skip(user, K.MISC)                  # MindFormers' "no drop policy": dropless (the default)
+            if name == "moe_token_drop_policy" and (value in (False, None) or (
+                    value == "probs" and keys.get("moe_expert_capacity_factor") in (None, -1))):
+                self.skip(user, K.MISC)                  # "no drop policy", or dropless routing: nothing is dropped
+            elif name == "use_flash_attention" and value is True:
+                self.put("model.model_config.use_flash_attention", value, user)
+                self.skip(user, K.UNFUSED)
+            elif name == K.AUTO_REGISTER:
+                self.auto_register_config = (user, value)
+            elif name == K.PRE_SOFTMAX:
+                if value is True or value is None:
+                    self.skip(user, "the router's softmax is over every expert before the top-k (as given)")
+                elif value is False:                     # softmax over the k chosen = the renormalized top k
+                    self.put("model.model_config.norm_topk_prob", True, user)
+                else:
+                    self.errors.append(f"{user} = {value!r}: must be True or False")
             elif name in own:
                 self.put(f"model.model_config.{name}", value, user)
             elif name in K.MODEL_ALIASES:
@@ -243,8 +258,6 @@ class _Translation:
                     self.skip(user, K.KERNELS if name in ("rmsnorm", "post_layer_norm") else K.MISC)
                 else:
                     self.errors.append(f"{user} = {value!r}: {why}")
-            elif name in K.MODEL_HEAD_DIM:
-                self.head_dim(user, value, keys)
             elif user in K.GRAPH_ALIASES:
                 self.put(K.GRAPH_ALIASES[user], value, user)
             elif name in K.MODEL_NOT_APPLIED:
@@ -286,17 +299,6 @@ class _Translation:
             self.skip(path, K.MOE_CONFIG_NOT_APPLIED[name])
         else:
             self.errors.append(unknown(path, value, GRAPH))
-
-    def head_dim(self, user: str, value: Any, keys: Dict[str, Any]) -> None:
-        hidden = keys.get("hidden_size")
-        heads = next((keys[k] for k in ("num_heads", "num_attention_heads") if k in keys), None)
-        if value in _EMPTY:
-            return
-        if isinstance(hidden, int) and isinstance(heads, int) and heads and hidden // heads == value:
-            self.skip(user, K.MISC)
-        else:
-            self.errors.append(f"{user} = {value!r}: a head size other than hidden_size / num_heads "
-                               f"({hidden} / {heads}) is not implemented; remove it or make them agree")
 
     def columns(self, user: str, value: Any) -> None:
         if not isinstance(value, list) or "input_ids" not in value:
@@ -393,20 +395,26 @@ def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
     model = raw.get("model")
     if isinstance(model, dict):
         for key in model:
-            if key not in ("arch", "model_config"):
+            if key == "pretrained_model_dir":                        # MindFormers copies the top-level key here
+                if model[key] not in _EMPTY:
+                    t.put("pretrained_model_dir", model[key], "model.pretrained_model_dir")
+            elif key not in ("arch", "model_config"):
                 _set(t.out, f"model.{key}", model[key])              # the schema check names it
         arch = model.get("arch")
         if isinstance(arch, dict):
             for key, value in arch.items():
                 if key == "type":
                     t.put("model.arch.type", value, "model.arch.type")
+                elif key == K.AUTO_REGISTER:
+                    t.auto_register_arch = ("model.arch.auto_register", value)
                 else:
                     _set(t.out, f"model.arch.{key}", value)
         elif arch is not None:
             _set(t.out, "model.arch", arch)
         if isinstance(model_cfg, dict):
             t.model(model_cfg, "model.model_config.", mc_own)
-            if "arch" not in model or not isinstance(arch, dict) or "type" not in arch:
+            _auto_register(t)
+            if "model.arch.type" not in t.given:
                 _resolve_arch(t, model_cfg.get("architectures"), model_cfg.get("model_type"),
                               "model.model_config.architectures", "model.model_config.model_type")
         elif model_cfg is not None:
@@ -443,6 +451,179 @@ def _resolve_arch(t: _Translation, architectures: Any, model_type: Any, arch_key
                         "models register with @register_model and load with --register_path)")
         return
     t.put("model.arch.type", spec.name, arch_key if archs else type_key)
+
+
+def _import_class(t: _Translation, user: str, ref: Any) -> Optional[type]:
+    """MindFormers' ``auto_register: module.Class``: import ``module`` (from ``--register_path``, which is on
+    sys.path once imported, or ``$REGISTER_PATH``) and return the class; None after naming the problem."""
+    import importlib
+    import os
+    import sys
+    module, _, name = ref.rpartition(".") if isinstance(ref, str) else ("", "", "")
+    if not module or not name:
+        t.errors.append(f"{user} = {ref!r}: must be 'module.Class' (e.g. deepseek3.DeepseekV3ForCausalLM), the module "
+                        "in the --register_path directory")
+        return None
+    env = os.environ.get("REGISTER_PATH")
+    if env and os.path.isdir(env) and os.path.realpath(env) not in map(os.path.realpath, sys.path):
+        sys.path.insert(0, os.path.realpath(env))
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except Exception as e:   # noqa: BLE001 -- any failure of user code becomes one named error
+        t.errors.append(f"{user} = {ref!r}: importing it failed ({type(e).__name__}: {e}); give --register_path DIR "
+                        "with the directory that holds the module")
+        return None
+    if not isinstance(cls, type):
+        t.errors.append(f"{user} = {ref!r}: not a class")
+        return None
+    return cls
+
+
+def _auto_register(t: _Translation) -> None:
+    """``model.arch.auto_register`` / ``model.model_config.auto_register`` as MindFormers does it: import the
+    named module, then use the class -- as registered by its own ``@register_model``, or registered here with
+    the config class ``model_config.auto_register`` names (a class with ``from_model_config``)."""
+    arch, conf = t.auto_register_arch, t.auto_register_config
+    if arch is None and conf is None:
+        return
+    from ..models import register_model, spec_of_model
+    config_class = None
+    if conf is not None:
+        config_class = _import_class(t, *conf)
+        if config_class is None:
+            return
+        if arch is None:
+            t.skip(conf[0], "the config class is imported; the model class (model.arch) decides the model")
+            return
+    cls = _import_class(t, *arch)
+    if cls is None:
+        return
+    try:
+        spec = spec_of_model(cls)
+    except ValueError:
+        if config_class is None or not callable(getattr(config_class, "from_model_config", None)):
+            t.errors.append(f"{arch[0]} = {arch[1]!r}: {cls.__name__} is not a registered model; register it in its "
+                            "module (@register_model(config_class=...)) or give model.model_config.auto_register: "
+                            "module.ConfigClass (a config class with from_model_config)")
+            return
+        try:
+            register_model(cls.__name__, config_class=config_class)(cls)
+        except ValueError as e:
+            t.errors.append(f"{arch[0]} = {arch[1]!r}: {e}")
+            return
+        spec = spec_of_model(cls)
+    if conf is not None and spec.config_class is not config_class:
+        t.errors.append(f"{conf[0]} = {conf[1]!r}: {spec.name} is registered with the config class "
+                        f"{spec.config_class.__name__}, not {config_class.__name__}")
+        return
+    t.put("model.arch.type", spec.name, arch[0])
+
+
+# ------------------------------------------------------------------------------------------------ pretrained_model_dir
+# model_config keys that decide the weights' shapes: a YAML value other than config.json's cannot load its weights
+WEIGHT_SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "n_kv_heads", "head_dim",
+                     "vocab_size", "num_experts", "moe_intermediate_size", "qk_layernorm", "add_qkv_bias",
+                     "tie_word_embeddings", "decoder_sparse_step", "mlp_only_layers")
+
+
+def _schema_name(name: str) -> str:
+    return K.MODEL_ALIASES.get(name, name)
+
+
+def merge_pretrained_model_dir(raw: Dict[str, Any], dialect: str) -> Tuple[List[str], Dict[str, str]]:
+    """MindFormers' ``pretrained_model_dir``: the folder's config.json read into the YAML's model section (its
+    keys are the defaults; every key the YAML gives, in any spelling, wins), and its ``architectures`` naming
+    the model when the YAML names none. In place on ``raw`` (the file's own dialect, before translation).
+    Returns ``(errors, origins)``: errors name the key, the file and the key of config.json (a folder that
+    cannot be read, an architecture no family reads, a YAML model class of another family, or a YAML size that
+    contradicts config.json while load_checkpoint loads that folder's weights); origins: schema key ->
+    ``config.json path: key`` for the keys it set (errors about them name the file)."""
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    key, folder = "pretrained_model_dir", raw.get("pretrained_model_dir")
+    if folder in _EMPTY and dialect == GRAPH and model.get("pretrained_model_dir") not in _EMPTY:
+        key, folder = "model.pretrained_model_dir", model.get("pretrained_model_dir")
+    if folder in _EMPTY:
+        return [], {}
+    if not isinstance(folder, str):
+        return [f"{key} = {folder!r}: must be the path of a Hugging Face model folder"], {}
+    from ..models.hf.config import HFConfigError, read_hf_config_keys
+    try:
+        spec, ours, hf_key_of, source = read_hf_config_keys(folder)
+    except HFConfigError as e:
+        message = str(e)
+        message = message[len(repr(folder)) + 2:] if message.startswith(repr(folder) + ": ") else message
+        return [f"{key} = {folder!r}: {message}"], {}
+    if raw.get("model") is None:
+        raw["model"] = {}
+    if not isinstance(raw["model"], dict):
+        return [f"model = {raw.get('model')!r}: must be a mapping"], {}
+    if dialect == GRAPH:
+        if not isinstance(raw["model"].get("model_config"), dict):
+            raw["model"]["model_config"] = {}
+        section, prefix = raw["model"]["model_config"], "model.model_config."
+    else:
+        section, prefix = raw["model"], "model."
+    errors: List[str] = []
+    # the model the YAML names (if any) must be the folder's family
+    named = _yaml_model(raw, section, dialect)
+    if named is not None:
+        user, value, other = named
+        if other is None or other.name != spec.name:
+            errors.append(f"{user} = {value!r}: contradicts {source}: architectures = {spec.name!r} (the folder's "
+                          f"config and weights are a {spec.name}); remove {user} or give another pretrained_model_dir")
+            return errors, {}
+    else:
+        section["architectures"] = [spec.name]
+    weights = _loads_folder(raw, dialect, folder)
+    given = {_schema_name(k): k for k in section}
+    origins: Dict[str, str] = {}
+    for name, value in ours.items():
+        if name in given:
+            yaml_value = section[given[name]]
+            if yaml_value in _EMPTY:
+                section.pop(given[name])              # an empty key: the folder's value
+            else:
+                if weights and name in WEIGHT_SHAPE_KEYS and yaml_value != value and name in hf_key_of:
+                    errors.append(f"{prefix}{given[name]} = {yaml_value!r}: contradicts {source}: {hf_key_of[name]} = "
+                                  f"{value!r}, and load_checkpoint loads that folder's weights (they would not fit); "
+                                  f"remove {prefix}{given[name]} or load another checkpoint")
+                continue
+        section[name] = value
+        origins[f"model.model_config.{name}"] = f"{source}: {hf_key_of.get(name, name + ' (family default)')}"
+    return errors, origins
+
+
+def _yaml_model(raw: Dict[str, Any], section: Dict[str, Any], dialect: str):
+    """``(user key, value, ModelSpec or None)`` of the model class the YAML names, or None when it names none."""
+    from ..models import get_model_spec, resolve_model
+    arch = raw["model"].get("arch") if dialect == GRAPH else None
+    if isinstance(arch, dict) and arch.get("type") not in _EMPTY:
+        try:
+            return "model.arch.type", arch["type"], get_model_spec(arch["type"])
+        except ValueError:
+            return None           # translation names the unknown class
+    if isinstance(arch, dict) and arch.get(K.AUTO_REGISTER) not in _EMPTY:
+        return None               # resolved (and checked) when translated
+    archs, model_type = section.get("architectures"), section.get("model_type")
+    archs = [archs] if isinstance(archs, str) else list(archs or []) if isinstance(archs, list) else []
+    if not archs and model_type in _EMPTY:
+        return None
+    prefix = "model.model_config." if dialect == GRAPH else "model."
+    user, value = (prefix + "architectures", section.get("architectures")) if archs else (prefix + "model_type", model_type)
+    try:
+        return user, value, resolve_model(None, archs, None if model_type in _EMPTY else model_type)
+    except ValueError:
+        return user, value, None
+
+
+def _loads_folder(raw: Dict[str, Any], dialect: str, folder: str) -> bool:
+    """Whether load_checkpoint (PyNative: checkpoint.load_path) names the folder itself."""
+    import os
+    path = raw.get("load_checkpoint") if dialect == GRAPH else _get(raw, "checkpoint.load_path", None)
+    if dialect != GRAPH and path in _EMPTY:
+        path = raw.get("load_checkpoint")
+    return isinstance(path, str) and path not in _EMPTY and \
+        os.path.realpath(path) == os.path.realpath(folder)
 
 
 def _callbacks(t: _Translation, value: Any) -> None:
@@ -533,6 +714,7 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
         names = ("model_type", "architectures")
         t.model({k: v for k, v in model.items() if k not in names}, "model.",
                 [k for k in lookup("model.model_config").fields if k != "type"])
+        _auto_register(t)
         _resolve_arch(t, model.get("architectures"), model.get("model_type"), "model.architectures",
                       "model.model_type")
     elif model is not None:
@@ -639,8 +821,8 @@ def table_markdown() -> str:
     out += ["", "### Model keys accepted only with one value (else a named error)", "",
             "| key | accepted | otherwise |", "|---|---|---|"]
     out += [f"| `{k}` | {', '.join(repr(v) for v in ok)} | {why} |" for k, (ok, why) in K.MODEL_CHECKED.items()]
-    out += [f"| `{k}` | hidden_size / num_heads | a head size other than hidden_size / num_heads is not implemented |"
-            for k in K.MODEL_HEAD_DIM]
+    out += [f"| `{K.PRE_SOFTMAX}` | True (our router's order), False (read as `norm_topk_prob: True`: the same "
+            "weights) | must be True or False |"]
     out += [f"| `moe_config.{k}` | {', '.join(repr(v) for v in ok)} | {why} |"
             for k, (ok, why) in K.MOE_CONFIG_CHECKED.items()]
     out += [f"| `data_loader.type` / `dataloader.type` | MindDataset, BlendedMegatronDatasetDataLoader | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "

@@ -32,6 +32,8 @@ MONITOR = "monitoring"
 CHECKPOINT_IO = "checkpoint I/O tuning"
 MISC = "other Ascend/MindFormers-only features"
 REGULARISATION = "dropout and initialisation"
+REMOTE_CODE = "remote code (a model folder is data: no Python file in it is ever imported)"
+UNFUSED = "fused kernels: attention is computed unfused on CPU (the same result)"
 
 # ---------------------------------------------------------------------------------------------------
 # Model keys (HF / mcore / MindFormers model_config names). name -> schema key under model.model_config
@@ -42,7 +44,7 @@ MODEL_ALIASES: Dict[str, str] = {
     "theta": "rope_theta", "rotary_emb_base": "rope_theta", "layernorm_epsilon": "rms_norm_eps",
     "max_position_embedding": "max_position_embeddings", "qkv_has_bias": "add_qkv_bias",
     "attention_bias": "add_qkv_bias", "untie_embeddings_and_output_weights": "tie_word_embeddings",
-    "use_qk_norm": "qk_layernorm",
+    "use_qk_norm": "qk_layernorm", "kv_channels": "head_dim", "num_local_experts": "num_experts",
 }
 NEGATED = {"untie_embeddings_and_output_weights"}      # value read as `not value`
 
@@ -72,9 +74,13 @@ MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "pre_seq_len": (("None", None, 0), "prefix tuning is not implemented; set it to None"),
     "quantization_bit": ((0, None), "quantized training is not implemented; set it to 0"),
     "use_past": ((False, None), "incremental inference (use_past) is not implemented; set it to False"),
-    "decoder_sparse_step": ((1, None), "MoE layers every decoder_sparse_step-th layer are not implemented (every "
-                                       "layer after first_k_dense_replace is MoE); set it to 1"),
 }
+# moe_router_pre_softmax: True = our router (softmax over every expert, then top-k); False (Megatron's softmax
+# over the k chosen logits) = the same weights as renormalizing the top k: read as norm_topk_prob True
+PRE_SOFTMAX = "moe_router_pre_softmax"
+# model.arch.auto_register / model.model_config.auto_register: 'module.Class' of a research model (the module
+# imported from --register_path, as MindFormers does; dialects.py)
+AUTO_REGISTER = "auto_register"
 
 MODEL_NOT_APPLIED: Dict[str, str] = dict(
     **{k: INFERENCE for k in ("batch_size", "use_past_shard", "top_k", "top_p", "do_sample", "repetition_penalty",
@@ -88,18 +94,18 @@ MODEL_NOT_APPLIED: Dict[str, str] = dict(
                             "input_sliced_sig", "apply_rope_fusion", "bias_swiglu_fusion", "bias_dropout_fusion",
                             "use_prompt_flash_attention", "fine_grain_interleave", "mla_qkv_concat",
                             "apply_query_key_layer_scaling", "gated_linear_unit", "multi_query_attention",
-                            "init_method_std")},
+                            "init_method_std", "use_fused_rope", "use_fused_swiglu")},
     **{k: REGULARISATION for k in ("hidden_dropout", "attention_dropout", "emb_dropout_prob",
                                    "hidden_dropout_rate", "attention_dropout_rate", "initializer_range")},
     **{k: KERNELS for k in MOE_KERNEL_KEYS},
     **{"output_router_logits": INFERENCE},
+    # the load-balancing loss is always part of the loss here (and logged apart in loss.jsonl)
+    **{"return_extra_loss": MISC, "trust_remote_code": REMOTE_CODE},
     **{k: MISC for k in ("multiple_of", "expand_ratio", "prefix_projection", "mtp_loss_factor",
                          "mtp_loss_scaling_factor", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                          "qk_nope_head_dim", "v_head_dim", "rotary_scaling_factor", "beta_fast", "beta_slow",
                          "mscale", "mscale_all_dim", "model_type", "architectures")},
 )
-# head_dim / kv_channels: accepted when equal to hidden_size / num_heads (checked in dialects.py)
-MODEL_HEAD_DIM = ("head_dim", "kv_channels")
 
 # DeepSeek-V3's graph-mode moe_config block: key -> model.model_config key (value transforms in dialects.py)
 MOE_CONFIG_KEYS: Dict[str, str] = {
@@ -119,6 +125,8 @@ MOE_CONFIG_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "topk_method": ((None, "greedy", "group_limited_greedy", "noaux_tc"),
                     "valid: greedy, group_limited_greedy (with n_group/topk_group), noaux_tc (with "
                     "balance_via_topk_bias)"),
+    "expert_model_parallel": ((None, 1), "expert tensor parallelism (each expert split over model_parallel) is not "
+                                         "implemented; set it to 1 or null"),
 }
 MOE_CONFIG_NOT_APPLIED: Dict[str, str] = {
     **{k: KERNELS for k in ("use_fused_ops_topkrouter", "router_dense_type", "use_gmm", "enable_gmm_safe_tokens",
@@ -154,7 +162,8 @@ GRAPH_ALIASES: Dict[str, str] = {
 }
 # Graph-mode keys checked for a value (input_columns, do_eval, ... have their own code in dialects.py)
 GRAPH_SPECIAL = ("train_dataset.input_columns", "eval_dataset.input_columns", "do_eval", "lr_schedule.power",
-                 "moe_config.*", "runner_wrapper.use_clip_grad")
+                 "moe_config.*", "runner_wrapper.use_clip_grad", "model.arch.auto_register",
+                 "model.model_config.auto_register", "model.pretrained_model_dir")
 
 GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{f"context.{k}": ASCEND for k in (
@@ -182,9 +191,11 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
                             "runner_config.sink_size", "optimizer.swap", "lr_schedule.warmup_lr_init",
                             "lr_schedule.decay_steps")},
     **{k: MISC for k in ("trainer.*", "metric.*", "layer_scale", "layer_decay", "lr_scale", "lr_scale_factor",
-                         "remote_save_url", "use_legacy", "pretrained_model_dir", "train_precision_sync",
-                         "infer_precision_sync", "trust_remote_code", "checkpoint.*", "model.arch.*",
-                         "model.model_config.type", "runner_wrapper.use_clip_grad")},
+                         "remote_save_url", "use_legacy", "train_precision_sync",
+                         "infer_precision_sync", "checkpoint.*", "model.model_config.type",
+                         "runner_wrapper.use_clip_grad")},
+    "trust_remote_code": REMOTE_CODE,
+    **{k: MONITOR for k in ("print_separate_loss", "eval_callbacks", "eval_callbacks.*")},
     **{k: INFERENCE for k in ("processor.*", "predict_batch_size", "input_data", "adapter_id")},
     **{f"{d}.{k}": LOADER for d in ("train_dataset", "eval_dataset") for k in (
         "input_columns", "output_columns", "construct_args_key", "python_multiprocessing", "repeat", "numa_enable",
@@ -287,12 +298,27 @@ PYNATIVE_NOT_APPLIED: Dict[str, str] = {
     **{f"context.{k}": ASCEND for k in ("max_device_memory", "device_id", "jit_config.*", "ascend_config.*",
                                         "max_call_depth", "memory_optimize_level", "deterministic")},
     "recompute.full_recompute_layer": KERNELS, "recompute.select_module": KERNELS, "recompute.exclude_op": KERNELS,
-    "recompute_comm.*": KERNELS, "pretrained_model_dir": MISC, "trust_remote_code": MISC,
+    "recompute_comm.*": KERNELS, "trust_remote_code": REMOTE_CODE, "print_separate_loss": MONITOR,
     "callbacks.param": MISC,
 }
 
-# Value names MindFormers uses for what the schema calls otherwise (read as the schema's value)
+# THE alias table: value names MindFormers (and Megatron / Hugging Face) use for what the schema calls otherwise,
+# read as the schema's value wherever the key is set (file, override, PyNative name). Checked against MindFormers
+# 167a50de: context_parallel_algo (ContextParallelAlgo: colossalai_cp, ulysses_cp; hybrid_cp and its old typo
+# hybird_cp, core/parallel_config.py), dtypes (parallel_core ms_dtype_mapping: fp32/fp16/bf16), load balancing
+# (router.py: sub_seq_aux_loss, seq_aux_loss, gbs_aux_loss; Megatron's global_aux_loss), schedules (the
+# PyNative names, MindSpore's zero_bubble_v), lr schedules (core/lr registry, trainer LrSchedulerType).
+_CP_ALGO = {"colossalai_cp": "colossal", "ulysses_cp": "ulysses", "hybrid_cp": "hybrid", "hybird_cp": "hybrid",
+            "ring": "colossal"}
+_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "float32": "float32", "float16": "float16",
+          "bfloat16": "bfloat16"}
 VALUE_ALIASES: Dict[str, Dict[object, object]] = {
+    "parallel_config.context_parallel_algo": _CP_ALGO,
+    "parallel_config.context_parallel_method": _CP_ALGO,
+    "model.model_config.compute_dtype": _DTYPE,
+    "model.model_config.param_init_dtype": _DTYPE,
+    "model.model_config.moe_router_load_balancing_type": {"gbs_aux_loss": "aux_loss", "global_aux_loss": "aux_loss",
+                                                          "sub_seq_aux_loss": "seq_aux_loss"},
     "optimizer.type": {"AdamWeightDecay": "AdamW", "FP32StateAdamWeightDecay": "AdamW",
                        "FusedAdamWeightDecay": "AdamW", "adamw": "AdamW", "AdamWeightDecayX": "AdamW"},
     "lr_schedule.type": {"polynomial": "LinearWithWarmUpLR", "PolynomialWithWarmUpLR": "LinearWithWarmUpLR",

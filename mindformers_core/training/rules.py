@@ -80,9 +80,9 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
         errors += _kv_heads(cfg)
     if ok(mc + "hidden_size", mc + "num_heads"):
         hidden, heads = _get(cfg, mc + "hidden_size"), _get(cfg, mc + "num_heads")
-        if hidden % heads:
+        if hidden % heads and not _get(cfg, mc + "head_dim"):
             errors.append(f"model.model_config.hidden_size = {hidden}: must be divisible by "
-                          f"model.model_config.num_heads = {heads}")
+                          f"model.model_config.num_heads = {heads} (or give model.model_config.head_dim)")
     if ok(mc + "seq_length", pc + "context_parallel", mc + "num_heads", pc + "model_parallel",
           pc + "context_parallel_algo", pc + "context_parallel_method", pc + "ulysses_degree_in_cp",
           pc + "context_parallel_load_balance"):
@@ -92,9 +92,7 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
         if size != -1 and (size < 1 or dp % size):
             errors.append(f"hsdp.shard_size = {size}: must be -1 (all data-parallel ranks) or a divisor of "
                           f"parallel_config.data_parallel = {dp}")
-    if ok(mc + "use_flash_attention") and _get(cfg, mc + "use_flash_attention"):
-        errors.append(f"{mc}use_flash_attention = True: there is no fused (flash) attention kernel on CPU; set "
-                      "use_flash_attention: False (the same attention is computed unfused)")
+    # use_flash_attention: True is accepted (dialects.py lists it once: the same attention computed unfused)
     if ok("optimizer.betas") and len(cfg["optimizer"]["betas"]) != 2:
         errors.append(f"optimizer.betas = {cfg['optimizer']['betas']}: must be two numbers [beta1, beta2]")
     return errors

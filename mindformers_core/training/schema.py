@@ -67,8 +67,14 @@ def F(types: str, default: Any = REQUIRED, doc: str = "", choices=(), min=None) 
 
 PIPELINE_SCHEDULERS = tuple(BUILTIN_SCHEDULES)  # the names the runtime can build
 # values MindFormers users may ask for that are known but not runnable yet: the error says what is missing
-NOT_RUNNABLE: Dict[str, Dict[str, str]] = {}
-# (empty since the trainer runs pipeline_scheduler: dualpipe; kept for the next known-but-missing value)
+_SEQ_PIPE = "MindFormers' sequence-split pipeline schedules (seq_split_num) are not implemented"
+_LR = "MindFormers' {} is not implemented here"
+NOT_RUNNABLE: Dict[str, Dict[str, str]] = {
+    "parallel.pipeline_config.pipeline_scheduler": {k: _SEQ_PIPE for k in ("seqpipe", "seqvpp", "seqsmartvpp")},
+    "lr_schedule.type": {k: _LR.format(k) for k in (
+        "ConstantWithCoolDownLR", "CosineWithRestartsAndWarmUpLR", "WarmUpStableDecayLR", "CosineAnnealingLR",
+        "CosineAnnealingWarmRestarts", "LearningRateWiseLayer", "cosine_with_restarts")},
+}
 
 SCHEMA = Section({
     "seed": F("int", 0, "Global random seed (MindSpore, NumPy, data shuffling).", min=0),
@@ -84,6 +90,11 @@ SCHEMA = Section({
                                                   "missing file), load the newest older intact step of the same "
                                                   "directory with a warning instead of stopping."),
     "auto_trans_ckpt": F("bool", False, "Reshard a checkpoint saved with another parallel layout on load."),
+    "pretrained_model_dir": F("str|null", None, "A Hugging Face model folder: its config.json (and "
+                              "generation_config.json) is read into model.model_config before validation; keys the "
+                              "YAML's model_config gives override it; its architectures / model_type choose the "
+                              "registered model (MindFormers' key; also model.pretrained_model_dir and the "
+                              "--pretrained_model_dir flag). Only JSON is read from it."),
     "context": Section({
         "mode": F("int", 1, "0 = GRAPH_MODE (ms.jit), 1 = PYNATIVE_MODE.", choices=(0, 1)),
         "device_target": F("str", "CPU", "MindSpore device.", choices=("CPU", "GPU", "Ascend")),
@@ -167,19 +178,26 @@ SCHEMA = Section({
             "vocab_size": F("int", doc="Vocabulary size.", min=1),
             "seq_length": F("int", doc="Training sequence length; divisible by context_parallel.", min=1),
             "max_position_embeddings": F("int|null", None, "RoPE table length; null = seq_length.", min=1),
-            "rms_norm_eps": F("float", 1e-5, "RMSNorm epsilon.", min=0),
+            "rms_norm_eps": F("float|null", None, "RMSNorm epsilon; null = the family's (1e-5 Llama, 1e-6 Qwen).",
+                              min=0),
             "rope_theta": F("float", 10000.0, "RoPE base.", min=0),
             "hidden_act": F("str", "silu", "MLP activation; silu and swiglu both mean the gated SwiGLU MLP.",
                             choices=("silu", "swiglu", "gelu", "relu")),
-            "add_qkv_bias": F("bool", False, "Biases on the query/key/value projections (Qwen2.5, GLM4); "
-                                             "MindFormers' qkv_has_bias, HF attention_bias."),
-            "qk_layernorm": F("bool", False, "Qwen3's q/k norm: RMSNorm of each query and key head before RoPE "
-                                             "(mcore's qk_layernorm, use_qk_norm)."),
+            "add_qkv_bias": F("bool|null", None, "Biases on the query/key/value projections (Qwen2.5, GLM4); "
+                                                 "MindFormers' qkv_has_bias, HF attention_bias; null = the family's "
+                                                 "(true for Qwen2ForCausalLM)."),
+            "qk_layernorm": F("bool|null", None, "Qwen3's q/k norm: RMSNorm of each query and key head before RoPE "
+                                                 "(mcore's qk_layernorm, use_qk_norm); null = the family's (true for "
+                                                 "Qwen3ForCausalLM and Qwen3MoeForCausalLM)."),
+            "head_dim": F("int|null", None, "Size of one attention head (mcore's kv_channels); null = hidden_size / "
+                                            "num_heads. Qwen3: 128 with hidden 5120 and 64 heads (q projects "
+                                            "hidden -> num_heads x head_dim).", min=1),
             "tie_word_embeddings": F("bool", False, "Share embedding and output weights."),
             "compute_dtype": F("str", "float32", "Matmul dtype.", choices=("float32", "float16", "bfloat16")),
             "param_init_dtype": F("str", "float32", "Parameter dtype.",
                                   choices=("float32", "float16", "bfloat16")),
-            "use_flash_attention": F("bool", False, "Fused attention (not on CPU)."),
+            "use_flash_attention": F("bool", False, "Fused (flash) attention; true is accepted on CPU with one "
+                                                    "start-up line: the same attention is computed unfused."),
             "offset": F("int|list[int]", 0, "MindFormers layer split: per-stage adjustments added to "
                                             "num_layers // stages; must sum to num_layers % stages."),
             # mixture of experts (docs/moe.md): Qwen3-MoE / mcore names; DeepSeek-V3's moe_config maps here
@@ -192,17 +210,27 @@ SCHEMA = Section({
             "moe_shared_expert_intermediate_size": F("int|null", None, "Shared experts' total width (wins over "
                                                                        "n_shared_experts).", min=0),
             "first_k_dense_replace": F("int", 0, "The first k layers keep a dense MLP.", min=0),
+            "moe_layer_freq": F("int|list[int]", 1, "Which layers are MoE (Megatron's): N = layers 0, N, 2N, ...; a "
+                                                    "list = 1 (MoE) or 0 (dense) per layer.", min=1),
+            "decoder_sparse_step": F("int", 1, "Qwen3-MoE: layer i (0-based) is MoE when (i + 1) % step == 0 ...",
+                                     min=1),
+            "mlp_only_layers": F("list[int]", [], "... and i is not in this list (Hugging Face's Qwen3-MoE keys; "
+                                                  "read into moe_layer_freq)."),
             "scoring_func": F("str", "softmax", "Router scores.", choices=("softmax", "sigmoid")),
-            "norm_topk_prob": F("bool", True, "Renormalize the chosen experts' scores to sum 1."),
+            "norm_topk_prob": F("bool|null", None, "Renormalize the chosen experts' scores to sum 1; null = the "
+                                                   "family's (true; false for Qwen3MoeForCausalLM, as Hugging Face)."),
             "routed_scaling_factor": F("float", 1.0, "Factor on the routed experts' weights.", min=0),
             "n_group": F("int|null", None, "Group-limited routing: expert groups.", min=1),
             "topk_group": F("int|null", None, "Group-limited routing: groups a token may use.", min=1),
             "moe_router_enable_expert_bias": F("bool", False, "Aux-loss-free balancing: a selection bias per "
                                                               "expert, updated after each step."),
             "moe_router_bias_update_rate": F("float", 0.001, "Step of the expert-bias update.", min=0),
-            "moe_aux_loss_coeff": F("float", 0.0, "Load-balancing loss coefficient (0 = none).", min=0),
-            "moe_router_load_balancing_type": F("str", "seq_aux_loss", "Load-balancing loss: per sequence or over "
-                                                                      "the batch.",
+            "moe_aux_loss_coeff": F("float|null", None, "Load-balancing loss coefficient (0 = none); null = the "
+                                                        "family's (0; 0.001 for Qwen3MoeForCausalLM).", min=0),
+            "moe_router_load_balancing_type": F("str|null", None, "Load-balancing loss: per sequence (seq_aux_loss) "
+                                                                  "or over the batch (aux_loss; MindFormers' "
+                                                                  "gbs_aux_loss); null = the family's (seq_aux_loss; "
+                                                                  "aux_loss for Qwen3MoeForCausalLM).",
                                                 choices=("seq_aux_loss", "aux_loss", "none")),
             "moe_expert_capacity_factor": F("float|null", None, "Expert capacity (x the even share); null = "
                                                                 "dropless.", min=0),

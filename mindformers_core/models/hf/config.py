@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["HFConfigError", "HFConfigMapping", "read_hf_config", "hf_to_model_config", "write_hf_config",
+__all__ = ["HFConfigError", "HFConfigMapping", "read_hf_config", "read_hf_config_keys", "hf_to_model_config", "write_hf_config",
            "resolve_hf_architecture", "hf_architectures", "COMMON_KEYS", "MOE_KEYS", "NOT_USED"]
 
 CONFIG = "config.json"
@@ -95,8 +95,10 @@ def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
-def hf_to_model_config(hf: Mapping[str, Any], mapping: HFConfigMapping, source: str = CONFIG) -> Dict[str, Any]:
-    """config.json's keys (both transformers spellings) as MindFormers ``model_config`` keys."""
+def hf_to_model_config(hf: Mapping[str, Any], mapping: HFConfigMapping, source: str = CONFIG,
+                       keys_out: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """config.json's keys (both transformers spellings) as MindFormers ``model_config`` keys; ``keys_out``
+    (optional) receives our key -> the config.json key it came from."""
     out: Dict[str, Any] = dict(mapping.defaults)
     given: Dict[str, str] = {}                       # our key -> the config.json key that set it
 
@@ -161,6 +163,8 @@ def hf_to_model_config(hf: Mapping[str, Any], mapping: HFConfigMapping, source: 
     if mapping.moe and out.get("num_experts") is None:
         raise HFConfigError(f"{source}: num_experts (transformers 5.x: num_local_experts) is missing: "
                             f"{mapping.architectures[0]} is a mixture-of-experts model")
+    if keys_out is not None:
+        keys_out.update(given)
     return out
 
 
@@ -232,6 +236,13 @@ def read_hf_config(folder: str) -> Tuple[Any, Dict[str, Any], Optional[Dict[str,
     """``(ModelSpec, model_config, generation_config)`` of a Hugging Face model folder: the registered family
     config.json names, its keys as MindFormers ``model_config`` keys, and ``generation_config.json`` as a
     dict (None without one). Only JSON is read. ``HFConfigError`` naming the file and key."""
+    spec, model_config, _, source = read_hf_config_keys(folder)
+    generation = _read_json(os.path.join(os.path.dirname(source), GENERATION_CONFIG), required=False)
+    return spec, model_config, generation
+
+
+def read_hf_config_keys(folder: str) -> Tuple[Any, Dict[str, Any], Dict[str, str], str]:
+    """``(ModelSpec, model_config, {our key: config.json key}, config.json path)`` (what the YAML merge names)."""
     if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
         raise HFConfigError(f"{folder!r}: no such directory (pretrained_model_dir is a Hugging Face model folder "
                             "on this machine; a model name must be downloaded first: huggingface-cli download NAME "
@@ -240,9 +251,12 @@ def read_hf_config(folder: str) -> Tuple[Any, Dict[str, Any], Optional[Dict[str,
     source = os.path.join(folder, CONFIG)
     hf = _read_json(source, required=True)
     spec = resolve_hf_architecture(hf, source)
-    model_config = spec.hf_config.read(hf, source)
-    generation = _read_json(os.path.join(folder, GENERATION_CONFIG), required=False)
-    return spec, model_config, generation
+    keys: Dict[str, str] = {}
+    if isinstance(spec.hf_config, HFConfigMapping):
+        model_config = hf_to_model_config(hf, spec.hf_config, source, keys)
+    else:
+        model_config = spec.hf_config.read(hf, source)
+    return spec, model_config, keys, source
 
 
 # ------------------------------------------------------------------------------------------------ writing
