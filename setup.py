@@ -15,6 +15,9 @@ setup(
         "numpy<2",          # MindSpore 2.10 fails with NumPy 2 ("numpy.core.multiarray failed to import")
         "pyyaml>=6,<7",
         "sentencepiece>=0.2,<0.3",
+        # Hugging Face model folders are read by slice and written (models/hf): the format's own library, already a
+        # MindSpore 2.10 dependency; pinned to the version that reads MindSpore's numpy bfloat16 (tested here)
+        "safetensors==0.8.0",
         "tokenizers==0.23.3",   # Hugging Face's fast tokenizers: reads tokenizer.json without transformers/torch; cp311 wheels
         "psutil>=5.9",      # process-tree cleanup in the msrun harness (also a MindSpore dependency)
         # TensorBoard event files (tensorboard.tensorboard_dir / monitor.tensorboard.output_dir): the writer
