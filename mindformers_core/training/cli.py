@@ -162,12 +162,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .trainer import Trainer
         if config.run_mode == "eval" and "overwrite_output_dir" in config:
             config["overwrite_output_dir"] = True          # eval writes no loss log or checkpoint
+        if args.export_hf_dir:
+            _check_export(config, args.export_hf_dir)
         try:
             trainer = Trainer(config, worker_num=worker_num)  # the trainer's checks: still no process group
         except ConfigError as e:                             # named as the file writes the keys
             raise ConfigError([config.report.rename(x) for x in e.errors], path) from None
         if config.run_mode in ("train", "finetune"):
             trainer.train()
+            if args.export_hf_dir:
+                trainer.export_hf(args.export_hf_dir)
         elif config.run_mode == "eval":
             trainer.setup()
             if trainer.restore() == 0 and not config.load_checkpoint:
@@ -195,6 +199,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: training stopped: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _check_export(config, out: str) -> None:
+    """``--export_hf_dir``: refused before training when it cannot work (no name table, folder exists)."""
+    from ..models import get_model_spec
+    from .config import ConfigError
+    problems = []
+    if config.run_mode not in ("train", "finetune"):
+        problems.append(f"--export_hf_dir {out!r}: exports after training; run_mode is {config.run_mode!r}")
+    if get_model_spec(config.model.arch.type).state_dict_adapter is None:
+        problems.append(f"--export_hf_dir {out!r}: model.arch.type = {config.model.arch.type!r} has no Hugging Face "
+                        "name table")
+    if os.path.exists(out):
+        problems.append(f"--export_hf_dir {out!r}: exists; give a new folder")
+    if problems:
+        raise ConfigError(problems)
 
 
 CPU_THREADS_ENV = "MFC_CPU_THREADS"

@@ -282,6 +282,19 @@ class Trainer:
             self.log(f"loss curve: {svg}" + (f"; TensorBoard: tensorboard --logdir {board.directory}"
                                              if board.directory else ""))
 
+    def export_hf(self, out: str) -> Optional[str]:
+        """Write the trained model as a Hugging Face folder (collective: a checkpoint of the last step is
+        saved if there is none, then rank 0 merges it and writes ``out``)."""
+        from ..checkpoint.format import read_tracker
+        from .export_hf import export_checkpoint
+        self.checkpointer.wait()
+        if read_tracker(self.checkpoint_dir) != self.total_steps:
+            self.save(self.total_steps)
+            self.checkpointer.wait()
+        if self.rank != 0:
+            return None
+        return export_checkpoint(self.cfg, self.checkpoint_dir, out, step=self.total_steps, log=self.log)
+
     # ------------------------------------------------------------------ predict
     def generate(self, ids: List[int], max_new_tokens: int = 32) -> List[int]:
         """Greedy continuation of token ids (single process); returns the new ids only."""
