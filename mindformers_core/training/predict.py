@@ -29,6 +29,7 @@ def generate(model, tokenizer, seq_length: int, ids: List[int], max_new_tokens: 
 
 def complete(model, tokenizer, seq_length: int, prompt: str, max_new_tokens: int = 32) -> str:
     """The prompt followed by its greedy continuation."""
-    ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_bos=False)
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]     # Qwen's tokenizers have none
+    ids = bos + tokenizer.encode(prompt, add_bos=False)
     new = generate(model, tokenizer, seq_length, ids, max_new_tokens)
-    return tokenizer.decode(ids[1:] + new)
+    return tokenizer.decode(ids[len(bos):] + new)
