@@ -55,6 +55,8 @@ REMAINING = {     # (issue 30: head_dim, Qwen3ForCausalLM, use_flash_attention: 
     "finetune_glm4_9b.yaml": [WORKERS],
     "pretrain_gpt2_small_fp16.yaml": [WORKERS],
     "pretrain_qwen3_32b_4k.yaml": [WORKERS],
+    # MindFormers' Qwen3MoeConfig defaults seq_length to 4096; the schema wants it given
+    "pretrain_qwen3_30b_a3b_4k.yaml": [WORKERS, "model.model_config.seq_length"],
     "pretrain_deepseek3_671b.yaml": [
         WORKERS, "model.model_config.architectures", "model.model_config.multi_latent_attention",
         "model.model_config.num_heads", "model.model_config.num_nextn_predict_layers",

@@ -74,7 +74,8 @@ def test_qwen3_moe_model_keys_and_one_expert_is_dense(tmp_path):
      "model.model_config.num_experts_per_tok = 9: must be an integer in [1, model.model_config.num_experts = 8]"),
     (["model.model_config.num_experts=8", "model.model_config.n_group=3"], 1,
      "model.model_config.n_group = 3: must be an integer >= 1 dividing model.model_config.num_experts = 8"),
-    (["model.model_config.num_experts=8", "model.model_config.moe_token_drop_policy=probs"], 1,
+    (["model.model_config.num_experts=8", "model.model_config.moe_token_drop_policy=probs",   # (dropless: no drop,
+      "model.model_config.moe_expert_capacity_factor=1.0"], 1,                                 # accepted)
      "model.model_config.moe_token_drop_policy = 'probs': must be one of ['position']"),
     (["model.model_config.num_experts=6", "parallel_config.expert_parallel=3", "parallel_config.data_parallel=6",
       "parallel.enable_parallel_optimizer=True", "hsdp.shard_size=2"], 6,

@@ -261,6 +261,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
     "output_dir": "output_dir", "run_mode": "run_mode", "use_parallel": "use_parallel",
     "resume_training": "resume_training", "load_checkpoint": "load_checkpoint", "seed": "seed",
     "auto_trans_ckpt": "auto_trans_ckpt", "overwrite_output_dir": "overwrite_output_dir",
+    "pretrained_model_dir": "pretrained_model_dir",
 }
 # PyNative keys with their own code in dialects.py (batch sizes, checkpoint saving, model class, recompute, ...)
 PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", "checkpoint.enable_save",

@@ -450,6 +450,8 @@ class _Checks:
         if not os.path.isfile(tok):
             errors.append(f"{key} = {tok!r}: no such file")
             return tok
+        if tok.endswith(".model"):       # a SentencePiece model is read as one, whatever the family's kind
+            self.found.tokenizer_kind = "llama"
         try:
             pieces = build_tokenizer(self.found.tokenizer_kind, tok).vocab_size
         except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError variants

@@ -298,11 +298,13 @@ def _write(c, mapping: HFConfigMapping) -> Dict[str, Any]:
         "architectures": [mapping.architectures[0]], "model_type": mapping.model_type,
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.ffn_hidden_size,
         "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.query_groups, "head_dim": c.head_dim, "hidden_act": "silu",
+        "num_key_value_heads": c.query_groups, "hidden_act": "silu",
         "max_position_embeddings": c.max_positions, "rms_norm_eps": c.layernorm_epsilon,
         "rope_theta": float(c.rotary_base), "rope_scaling": None, "tie_word_embeddings": bool(c.tie_word_embeddings),
         "torch_dtype": _DTYPE_NAMES[c.params_dtype], "use_cache": True,
     }
+    if c.kv_channels is not None:                # a head size given apart from hidden / heads (Qwen3 always)
+        out["head_dim"] = c.kv_channels
     if mapping.attention_bias is not None:
         out["attention_bias"] = False
     if c.activation != "swiglu" or c.normalization != "RMSNorm":
