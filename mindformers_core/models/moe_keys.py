@@ -68,7 +68,8 @@ def moe_fields(model_config: Dict[str, Any], dense_width: Callable[[], int]) -> 
     if (step not in (None, 1) or only) and out.get("num_moe_experts") is not None:
         layers = model_config.get("num_layers")
         freq = sparse_layers(layers if isinstance(layers, int) else 0, step, only)
-        if "moe_layer_freq" in out and out["moe_layer_freq"] != freq:
+        # moe_layer_freq 1 (every layer) is the schema's default: the Hugging Face keys refine it
+        if "moe_layer_freq" in out and out["moe_layer_freq"] not in (1, freq):
             raise ValueError(f"moe_layer_freq={out['moe_layer_freq']!r} and {SPARSE_STEP_KEY}/{MLP_ONLY_KEY} "
                              f"(= {freq!r}) disagree; give one")
         out["moe_layer_freq"] = freq

@@ -201,7 +201,8 @@ class Checkpointer:
                     set_parameter(p, values[p.name])  # full shape once communication is initialised
             if not resume:
                 if self.rank == 0:
-                    self.log(f"loaded weights from {directory}" + ("" if root in ("file", "hf") else f" (step {step})"))
+                    self.log(f"loaded weights from {step if root == 'hf' else directory}" +
+                             ("" if root in ("file", "hf") else f" (step {step})"))
                 return 0
             if root == "file":
                 raise ConfigError([f"{where}: a single file holds weights only; resume needs a checkpoint directory"])

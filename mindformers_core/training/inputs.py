@@ -106,7 +106,8 @@ def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_r
         os.replace(trained, tok)             # the .model last: its presence means "done"
     wait_for(tok)
     tokenizer = build_tokenizer(found.tokenizer_kind, tok)
-    if tokenizer.vocab_size != int(mc.vocab_size):
+    padded = found.tokenizer_kind == "hf" and tokenizer.vocab_size < int(mc.vocab_size)   # HF embeddings may be padded
+    if tokenizer.vocab_size != int(mc.vocab_size) and not padded:
         raise ConfigError([f"model.model_config.vocab_size = {mc.vocab_size}: must equal the tokenizer's "
                            f"vocabulary, {tokenizer.vocab_size} pieces in {tok}"])
 

@@ -422,12 +422,20 @@ class _Checks:
         return None
 
     def tokenizer_file(self) -> str:
-        """The tokenizer to use: train_dataset.tokenizer_file, else (predict) the one the checkpoint
-        was trained with, else <output_dir>/tokenizer_<vocab>.model (trained by the trainer when missing)."""
+        """The tokenizer to use: train_dataset.tokenizer_file, else the model folder's tokenizer.json (a
+        Hugging Face family with ``pretrained_model_dir``), else (predict) the one the checkpoint was trained
+        with, else <output_dir>/tokenizer_<vocab>.model (trained by the trainer when missing)."""
         cfg, source, errors = self.cfg, self.found.checkpoint_source, self.errors
         vocab = int(cfg.model.model_config.vocab_size)
         tok = cfg.train_dataset.tokenizer_file
         key = "train_dataset.tokenizer_file"
+        folder = cfg.get("pretrained_model_dir") or (source[1] if source and source[0] == "hf" else None)
+        if not tok and folder and self.found.tokenizer_kind == "hf":
+            tok, key = os.path.join(folder, "tokenizer.json"), f"the tokenizer of the model folder {folder}"
+            if not os.path.isfile(tok):
+                errors.append(f"pretrained_model_dir = {folder!r}: no tokenizer.json in the model folder; give "
+                              "train_dataset.tokenizer_file")
+                return tok
         if not tok and self.shape.predicting and source and source[0] not in ("file", "hf"):
             try:
                 tok = (load_training_state(source[0], source[1]).trainer_state or {}).get("tokenizer_file")
@@ -457,7 +465,9 @@ class _Checks:
         except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError variants
             errors.append(f"{key} = {tok!r}: not a sentencepiece model ({type(e).__name__}: {e})")
             return tok
-        if pieces != vocab:
+        if pieces != vocab and not (self.found.tokenizer_kind == "hf" and pieces < vocab):
             errors.append(f"model.model_config.vocab_size = {vocab}: must equal the tokenizer's vocabulary, "
-                          f"{pieces} pieces in {key} = {tok!r}")
+                          f"{pieces} pieces in {key} = {tok!r}" + (" (a Hugging Face model's embedding may be "
+                                                                  "larger than its tokenizer, not smaller)"
+                                                                  if self.found.tokenizer_kind == "hf" else ""))
         return tok

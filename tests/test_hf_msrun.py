@@ -1,0 +1,126 @@
+"""A Hugging Face folder (the Qwen3-MoE fixture saved by transformers) loaded straight onto parallel layouts
+and fine-tuned under msrun equals one process: each rank reads only its slices (tp: column/row halves, ep: its
+experts, pp: its stage's layers), and the losses of a 2-step fine-tune (the first is the loaded model's own)
+agree with one process to a relative 1e-5. The live export at the end of a tp2 and an ep2 run that did not
+change the weights (learning rate 0) gives back the folder's tensors bitwise.
+
+One 2-worker launch runs the tp2 / ep2 / pp2 jobs in turn (``run_many``), one 4-worker launch dp2 x tp2 x ep2;
+the one-process references run here while msrun starts its workers."""
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import yaml
+
+import run_mindformer
+from mindformers_core.models.hf.folder import open_folder
+from mindformers_core.testing import run_msrun
+from tests.test_trainer import build_assets, records
+from tests.test_trainer_msrun import assert_close
+
+pytestmark = pytest.mark.msrun
+FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf", "qwen3_moe")
+STEPS = ["--runner_config.max_steps", 2, "--lr_schedule.warmup_steps", 0]
+QUIET = ["--callbacks", "[{type: MFLossMonitor}]"]
+PARALLEL = ["--use_parallel", "True", "--runner_config.batch_size", 2]
+TP2 = [*PARALLEL, "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 4]
+EP2 = [*PARALLEL, "--parallel_config.data_parallel", 2, "--parallel_config.expert_parallel", 2]
+PP2 = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2,
+       "--runner_config.batch_size", 2,
+       "--model.model_config.offset", "[1, 0]"]      # 3 layers: 2 on the first stage, 1 on the second
+FROZEN = ["--runner_config.max_steps", 1, "--optimizer.learning_rate", 0.0, "--lr_schedule.learning_rate", 0.0]
+
+
+def hf_yaml(root: str) -> str:
+    """The trainer test's YAML with the model taken from the folder: no model sizes of its own, the folder as
+    pretrained_model_dir and load_checkpoint, the folder's tokenizer (tokenizer kind hf)."""
+    assets = build_assets(os.path.join(root, "assets"))
+    with open(assets["yaml"]) as f:
+        raw = yaml.safe_load(f)
+    raw["model"] = {"model_config": {"seq_length": 32}}
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = FOLDER
+    raw["train_dataset"].pop("tokenizer_file", None)
+    path = os.path.join(root, "hf.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return path
+
+
+def argv(config, out, *extra):
+    return ["--config", config, "--output_dir", str(out), *map(str, extra)]
+
+
+def run_many(argvs):
+    """msrun body: ``run_mindformer.main`` for each argv in turn; the exit codes."""
+    return [run_mindformer.main(a) for a in argvs]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("hf_msrun")
+    config = hf_yaml(str(base))
+    out = {k: base / k for k in ("p1_pynative", "p1_jit", "tp2_pynative", "ep2_jit", "pp2_pynative",
+                                 "dp2_tp2_ep2_jit", "tp2_frozen", "ep2_frozen")}
+    out["tp2_export"], out["ep2_export"] = base / "tp2_export", base / "ep2_export"
+    two = [argv(config, out["tp2_pynative"], "--mode", 1, *STEPS, *QUIET, *TP2),
+           argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
+           argv(config, out["pp2_pynative"], "--mode", 1, *STEPS, *QUIET, *PP2),
+           argv(config, out["tp2_frozen"], "--mode", 1, *FROZEN, *QUIET, *TP2, "--export_hf_dir", out["tp2_export"]),
+           argv(config, out["ep2_frozen"], "--mode", 1, *FROZEN, *QUIET, *EP2, "--export_hf_dir", out["ep2_export"])]
+    four = [argv(config, out["dp2_tp2_ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2, "--parallel_config.model_parallel",
+                 2)]
+    with ThreadPoolExecutor(1) as pool:
+        launched = pool.submit(run_msrun, "tests.test_hf_msrun:run_many", 2, {"argvs": two}, timeout=600)
+        for mode, flag in (("pynative", 1), ("jit", 0)):
+            assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *STEPS, *QUIET)) == 0
+        done2 = launched.result()
+    done4 = run_msrun("tests.test_hf_msrun:run_many", 4, {"argvs": four}, timeout=600)
+    assert done2 == [[0] * len(two)] * 2 and done4 == [[0]] * 4
+    return out
+
+
+def losses(out):
+    return [r["loss"] for r in records(out)]
+
+
+@pytest.mark.parametrize("job, mode", [("tp2", "pynative"), ("ep2", "jit"), ("dp2_tp2_ep2", "jit")])
+def test_loaded_and_fine_tuned_on_workers_equals_one_process(runs, job, mode):
+    one = losses(runs[f"p1_{mode}"])
+    assert len(one) == 2 and all(np.isfinite(one))
+    assert_close(losses(runs[f"{job}_{mode}"]), one)
+    assert_close([r["aux_loss"] for r in records(runs[f"{job}_{mode}"])],
+                 [r["aux_loss"] for r in records(runs[f"p1_{mode}"])])
+
+
+def test_pp2_equals_one_process_in_the_language_loss(runs):
+    """Qwen3-MoE's load-balancing loss is global over a batch's tokens (router_aux_loss_coef: aux_loss); a
+    pipeline computes it per microbatch, which is another number (f and P are averaged before their product).
+    The loaded model's language-model loss (loss - aux_loss of step 1) and the routing (each expert's load) are
+    the one process's; step 2 follows an update whose aux-loss gradient differed (measured 1.3e-5 relative)."""
+    one, pp = records(runs["p1_pynative"]), records(runs["pp2_pynative"])
+    lm = [[r["loss"] - r["aux_loss"] for r in rs] for rs in (pp, one)]
+    assert_close(lm[0][:1], lm[1][:1])
+    assert_close(lm[0][1:], lm[1][1:], rel=1e-4)
+    for a, b in zip(pp, one):       # per microbatch: half the tokens of the step, each microbatch
+        np.testing.assert_allclose(np.array(a["expert_load"]) * 2, b["expert_load"], rtol=1e-6)
+    assert abs(pp[0]["aux_loss"] - one[0]["aux_loss"]) > 1e-6
+
+
+def test_one_process_starts_from_the_folder_not_from_random_weights(runs, tmp_path):
+    """The first loss is the folder's model on the first batch: a run without load_checkpoint differs."""
+    config = hf_yaml(str(tmp_path))
+    assert run_mindformer.main(argv(config, tmp_path / "random", "--load_checkpoint", "''", "--runner_config.max_steps",
+                                    1, *QUIET)) == 0
+    assert abs(losses(tmp_path / "random")[0] - losses(runs["p1_pynative"])[0]) > 1e-3
+
+
+@pytest.mark.parametrize("job", ["tp2", "ep2"])
+def test_export_after_a_frozen_run_gives_the_folder_back_bitwise(runs, job):
+    source, exported = open_folder(FOLDER), open_folder(str(runs[f"{job}_export"]))
+    assert sorted(exported.tensors) == sorted(source.tensors)
+    with source.reader() as a, exported.reader() as b:
+        for name in source.tensors:
+            assert np.array_equal(a(name), b(name)), name
+    assert exported.config == source.config
+    assert sorted(exported.tokenizer_files) == sorted(source.tokenizer_files)
