@@ -77,3 +77,89 @@ def test_export_hf_dir_writes_the_trained_model_at_the_end(tiny, tmp_path, capsy
     # refused before training: the folder exists now
     assert run_mindformer.main(args(tiny, tmp_path / "again", "--export_hf_dir", folder)) == 2
     assert "--export_hf_dir" in capsys.readouterr().err and not (tmp_path / "again" / "loss.jsonl").exists()
+
+
+# ---- broken model folders through run_mindformer.py: exit 2, the file and the key named ----------------------
+HF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
+
+
+def _edit_config(folder, **changes):
+    import json
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    with open(path, "w") as f:
+        json.dump(config, f)
+
+
+def _index_edit(folder, tensor, target):
+    import json
+    path = os.path.join(folder, "model.safetensors.index.json")
+    with open(path) as f:
+        index = json.load(f)
+    index["weight_map"][tensor] = target
+    with open(path, "w") as f:
+        json.dump(index, f)
+
+
+def _truncate(path, by=64):
+    with open(path, "rb+") as f:
+        f.truncate(os.path.getsize(path) - by)
+
+
+SHARD = "model-00002-of-00003.safetensors"
+BROKEN_FOLDERS = {    # name: (source fixture, break(folder), extra flags, words the error must hold)
+    "missing_config": ("qwen3", lambda d: os.remove(os.path.join(d, "config.json")), [], "config.json"),
+    "malformed_config": ("qwen3", lambda d: open(os.path.join(d, "config.json"), "w").write("{\"hidden_size\": 3"),
+                         [], "config.json"),
+    "unknown_architecture": ("qwen3", lambda d: _edit_config(d, architectures=["MambaForCausalLM"],
+                                                            model_type="mamba"), [], "MambaForCausalLM"),
+    "rope_scaling": ("qwen3", lambda d: _edit_config(d, rope_scaling={"rope_type": "yarn", "factor": 4.0}), [],
+                     "rope_scaling"),
+    "missing_shard": ("qwen3_moe_sharded", lambda d: os.remove(os.path.join(d, SHARD)), [], SHARD),
+    "truncated_shard": ("qwen3_moe_sharded", lambda d: _truncate(os.path.join(d, SHARD)), [], "truncated"),
+    "index_missing_file": ("qwen3_moe_sharded", lambda d: _index_edit(d, "model.norm.weight", "model-9.safetensors"),
+                           [], "model-9.safetensors"),
+    "index_outside": ("qwen3_moe_sharded", lambda d: _index_edit(d, "model.norm.weight", "../x.safetensors"), [],
+                      "outside the folder"),
+    "index_wrong_file": ("qwen3_moe_sharded", lambda d: _index_edit(d, "model.norm.weight", SHARD), [],
+                         "model.norm.weight"),
+    "only_pickle": ("qwen3", lambda d: (os.remove(os.path.join(d, "model.safetensors")),
+                                        open(os.path.join(d, "pytorch_model.bin"), "wb").write(b"\x80\x04.")),
+                    [], "pytorch_model.bin"),
+    "wrong_shapes": ("qwen3", lambda d: _edit_config(d, intermediate_size=96), [],
+                     "model.layers.0.mlp.gate_proj.weight"),
+    "more_layers_than_weights": ("qwen3", lambda d: _edit_config(d, num_hidden_layers=3, layer_types=None), [],
+                                 "model.layers.2."),
+    "contradicting_yaml": ("qwen3", lambda d: None, ["--model.model_config.hidden_size", 64], "hidden_size"),
+    "no_tokenizer": ("qwen3", lambda d: os.remove(os.path.join(d, "tokenizer.json")), [], "tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_FOLDERS))
+def test_broken_model_folders_exit_2_naming_file_and_key(tiny, tmp_path, capsys, case):
+    import shutil
+    import yaml
+    source, breaker, extra, words = BROKEN_FOLDERS[case]
+    folder = tmp_path / "model"
+    shutil.copytree(os.path.join(HF, source), folder)
+    breaker(str(folder))
+    with open(tiny["yaml"]) as f:
+        raw = yaml.safe_load(f)
+    raw["model"] = {"model_config": {"seq_length": 32}}
+    raw["train_dataset"].pop("tokenizer_file", None)
+    config = tmp_path / "hf.yaml"
+    with open(config, "w") as f:
+        yaml.safe_dump(raw, f)
+    code = run_mindformer.main(["--config", str(config), "--output_dir", str(tmp_path / "out"),
+                                "--pretrained_model_dir", str(folder), "--load_checkpoint", str(folder),
+                                "--runner_config.max_steps", "1", *map(str, extra)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert words in err, err
+    assert not (tmp_path / "out" / "loss.jsonl").exists()        # nothing trained
