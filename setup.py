@@ -24,6 +24,13 @@ setup(
         # MindFormers itself uses; pure Python (numpy, packaging, protobuf), no TensorFlow or PyTorch. 2.6.5 is
         # the newest release, tested here with protobuf 7 (what MindSpore 2.10 installs).
         "tensorboardX==2.6.5",
+        # fine-tuning data (HFDataLoader, data/hf_dataset.py): the library MindFormers reads it with and users' data
+        # lives in. 5.2.0 is the newest and works with numpy<2, but its pyarrow>=24 resolves to pyarrow 26, which
+        # refuses NumPy 1 at import ("pyarrow requires NumPy 2.0"): pyarrow 25.0.1 is the newest that imports with
+        # numpy 1.26 (tested here, with MindSpore 2.10 and datasets' fsspec<=2026.9.0)
+        "datasets==5.2.0",
+        "pyarrow>=24,<26",
+        "jinja2>=3.1,<4",   # chat templates (ChatTemplateDataHandler), the engine transformers renders them with
     ],
     extras_require={"test": [
         "pytest>=8,<10",

@@ -55,6 +55,11 @@ REMAINING = {     # (issue 30: head_dim, Qwen3ForCausalLM, use_flash_attention: 
     "finetune_glm4_9b.yaml": [WORKERS],
     "pretrain_gpt2_small_fp16.yaml": [WORKERS],
     "pretrain_qwen3_32b_4k.yaml": [WORKERS],
+    # HFDataLoader, its handler chain and input_columns with loss_mask/position_ids are read (issue 33); what
+    # remains is the model folder ('/path/to/Qwen3-32B', so no sizes) and the worker count
+    "finetune_qwen3.yaml": [WORKERS, "model.model_config.hidden_size", "model.model_config.num_heads",
+                            "model.model_config.num_layers", "model.model_config.seq_length",
+                            "model.model_config.vocab_size", "pretrained_model_dir"],
     # MindFormers' Qwen3MoeConfig defaults seq_length to 4096; the schema wants it given
     "pretrain_qwen3_30b_a3b_4k.yaml": [WORKERS, "model.model_config.seq_length"],
     "pretrain_deepseek3_671b.yaml": [
@@ -274,8 +279,13 @@ BAD = [   # (file, extra argv, the message line expected, in part)
     (LLAMA2, ["--optimizer.type", "Lamb"], "optimizer.type = 'Lamb': must be one of ['AdamW', 'Adam', 'SGD']"),
     (LLAMA2, ["--lr_schedule.type", "polynomial", "--lr_schedule.power", 2.0],
      "lr_schedule.power = 2.0: only power 1.0"),
-    (LLAMA2, ["--train_dataset.data_loader.type", "HFDataLoader"],
-     "train_dataset.data_loader.type = 'HFDataLoader': this data loader is not implemented"),
+    (LLAMA2, ["--train_dataset.data_loader.type", "SFTDataLoader"],
+     "train_dataset.data_loader.type = 'SFTDataLoader': this data loader is not implemented"),
+    (LLAMA2, ["--parallel_config.data_parallel", 1, "--train_dataset.data_loader.type", "HFDataLoader"],
+     "train_dataset.data_loader.handler = None: must be a list"),
+    (LLAMA2, ["--parallel_config.data_parallel", 1, "--train_dataset.data_loader.type", "HFDataLoader",
+              "--train_dataset.data_loader.path", "some-org/some-dataset"],
+     "train_dataset.data_loader.path = 'some-org/some-dataset': no such local file or folder (tried "),
     (LLAMA2, ["--train_dataset.input_columns", "[labels]"], "train_dataset.input_columns = ['labels']: must be a "
                                                             "list holding 'input_ids'"),
     (LLAMA2, ["--model.model_config.qk_layernorm", 3], "model.model_config.qk_layernorm = 3"),

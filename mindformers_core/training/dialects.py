@@ -304,12 +304,15 @@ class _Translation:
         if not isinstance(value, list) or "input_ids" not in value:
             self.errors.append(f"{user} = {value!r}: must be a list holding 'input_ids' (the token column read; "
                                "labels are the inputs shifted by one)")
+        elif user == "train_dataset.input_columns":
+            self.put(user, value, user)          # the batch keys fed (HFDataLoader: loss_mask, position_ids, ...)
         else:
             self.skip(user, K.LOADER)
 
     def loader_type(self, user: str, value: Any, target: str) -> None:
         if value in K.LOADERS_NOT_IMPLEMENTED:
-            self.errors.append(f"{user} = {value!r}: this data loader is not implemented here; use MindDataset "
+            self.errors.append(f"{user} = {value!r}: this data loader is not implemented here; use HFDataLoader "
+                               "(local json/jsonl/parquet/csv/arrow files through the datasets library), MindDataset "
                                "(a MindRecord directory from scripts/preprocess_mindrecord.py), "
                                "BlendedMegatronDatasetDataLoader (.bin/.idx from scripts/preprocess_megatron.py) or set "
                                f"{target} to text/jsonl with a dataset_dir")
@@ -338,6 +341,8 @@ def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
             t.vpp_flag = value
         elif section == "moe_config":
             t.moe_config(path, value)
+        elif path == "train_dataset.input_columns":
+            t.columns(path, value)                                  # checked, then applied (HFDataLoader's batch keys)
         elif lookup(path) is not None and not isinstance(lookup(path), Section):
             reason = _match(path, K.GRAPH_NOT_APPLIED)
             if reason is not None:
@@ -583,7 +588,8 @@ def merge_pretrained_model_dir(raw: Dict[str, Any], dialect: str) -> Tuple[List[
             if yaml_value in _EMPTY:
                 section.pop(given[name])              # an empty key: the folder's value
             else:
-                if weights and name in WEIGHT_SHAPE_KEYS and yaml_value != value and name in hf_key_of:
+                read = (not yaml_value) if given[name] in K.NEGATED else yaml_value     # untie_... = not tie_...
+                if weights and name in WEIGHT_SHAPE_KEYS and read != value and name in hf_key_of:
                     errors.append(f"{prefix}{given[name]} = {yaml_value!r}: contradicts {source}: {hf_key_of[name]} = "
                                   f"{value!r}, and load_checkpoint loads that folder's weights (they would not fit); "
                                   f"remove {prefix}{given[name]} or load another checkpoint")
@@ -825,7 +831,7 @@ def table_markdown() -> str:
             "weights) | must be True or False |"]
     out += [f"| `moe_config.{k}` | {', '.join(repr(v) for v in ok)} | {why} |"
             for k, (ok, why) in K.MOE_CONFIG_CHECKED.items()]
-    out += [f"| `data_loader.type` / `dataloader.type` | MindDataset, BlendedMegatronDatasetDataLoader | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "
+    out += [f"| `data_loader.type` / `dataloader.type` | MindDataset, BlendedMegatronDatasetDataLoader, HFDataLoader | {', '.join(K.LOADERS_NOT_IMPLEMENTED)}: "
             "not implemented |"]
     out += ["", "### Known to MindFormers, not applied here (accepted, listed at start-up)", "",
             "| key | why |", "|---|---|"]

@@ -90,11 +90,33 @@ def context_parallel_slice(cfg: Config, shape: JobShape, cp_rank: int) -> Option
     return lambda a: np.ascontiguousarray(np.asarray(a)[:, mine])
 
 
+def hf_data(cfg: Config, tokenizer, output_dir: str, rank: int, order: dict):
+    """MindFormers' HFDataLoader (train_dataset.type hf): local data through the datasets library and the
+    handler chain into rows of seq_length (data/hf_dataset.py). Every rank builds the same rows (small
+    fine-tuning sets; datasets' cache is per rank) and takes its data-parallel share. Bad data (a broken JSON
+    line, a column a handler needs) is a ConfigError naming it, before any step."""
+    from ..data.handlers import parse_handlers
+    from ..data.hf_dataset import SFTDataset, build_sft_rows, feed_keys, load_hf_dataset
+    ds, seq = cfg.train_dataset, int(cfg.model.model_config.seq_length)
+    try:
+        chain = parse_handlers(ds.handler)
+        data = load_hf_dataset(ds.path, ds.load_func, ds.split, ds.data_files,
+                               cache_dir=os.path.join(output_dir, "hf_datasets_cache", f"rank_{rank}"),
+                               name="train_dataset.data_loader.path")
+        cap = int(ds.compressed_eod_mask_length) if ds.create_compressed_eod_mask else None
+        rows = build_sft_rows(data, chain, tokenizer, seq, cap, source=f"train_dataset.data_loader.path "
+                              f"{ds.path!r}")
+        keys = feed_keys(ds.input_columns, chain.pack_strategy is not None)
+        return SFTDataset(rows, keys, **order)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
+
+
 def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_rank: int,
                  output_dir: str, cp_rank: int = 0) -> Inputs:
     ds, mc = cfg.train_dataset, cfg.model.model_config
     files = found.files
-    if not ds.dataset_dir:                  # the built-in corpus, written once by rank 0
+    if not ds.dataset_dir and ds.type != "hf":     # the built-in corpus, written once by rank 0
         if rank == 0 and not os.path.exists(files[0]):
             build_corpus(files[0], max_bytes=BUILTIN_CORPUS_BYTES)
         wait_for(files[0])
@@ -117,6 +139,8 @@ def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_r
             if kind == "mindrecord":
                 from ..data.mindrecord import MindRecordDataset
                 return MindRecordDataset(os.path.abspath(directory), int(mc.seq_length), **order)
+            if kind == "hf":
+                return hf_data(cfg, tokenizer, output_dir, rank, order)
             if kind == "megatron":
                 from ..data.megatron import MegatronDataset
                 try:

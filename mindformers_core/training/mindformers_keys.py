@@ -143,6 +143,9 @@ MOE_CONFIG_NOT_APPLIED: Dict[str, str] = {
 # type/dataset_dir/shuffle/config.data_path, which are read
 LOADER_KEYS = ("config.*", "sizes", "datasets_type", "num_samples", "python_multiprocessing", "columns_list",
                "file_format", "phase", "path", "data_files", "tokenizer", "max_length", "split", "shuffle_seed")
+# HFDataLoader's keys (fine-tuning data through the datasets library, data/hf_dataset.py): read as train_dataset.<key>
+HF_LOADER_KEYS = ("load_func", "path", "data_files", "split", "handler", "create_attention_mask",
+                  "create_compressed_eod_mask", "compressed_eod_mask_length", "use_broadcast_data")
 
 # ---------------------------------------------------------------------------------------------------
 # Graph-mode dialect: user path -> schema path (applied; value transforms in dialects.py)
@@ -152,6 +155,7 @@ GRAPH_ALIASES: Dict[str, str] = {
     "train_dataset.data_loader.dataset_dir": "train_dataset.dataset_dir",
     "train_dataset.data_loader.shuffle": "train_dataset.shuffle",
     "train_dataset.data_loader.config.data_path": "train_dataset.data_path",
+    **{f"train_dataset.data_loader.{k}": f"train_dataset.{k}" for k in HF_LOADER_KEYS},
     "eval_dataset.data_loader.type": "eval_dataset.type",
     "eval_dataset.data_loader.dataset_dir": "eval_dataset.dataset_dir",
     "processor.tokenizer.vocab_file": "train_dataset.tokenizer_file",
@@ -198,11 +202,11 @@ GRAPH_NOT_APPLIED: Dict[str, str] = {
     **{k: MONITOR for k in ("print_separate_loss", "eval_callbacks", "eval_callbacks.*")},
     **{k: INFERENCE for k in ("processor.*", "predict_batch_size", "input_data", "adapter_id")},
     **{f"{d}.{k}": LOADER for d in ("train_dataset", "eval_dataset") for k in (
-        "input_columns", "output_columns", "construct_args_key", "python_multiprocessing", "repeat", "numa_enable",
+        "output_columns", "construct_args_key", "python_multiprocessing", "repeat", "numa_enable",
         "prefetch_size", "batch_size", "seed", "pad_token_id", "dynamic_batch",
-        *(f"data_loader.{x}" for x in LOADER_KEYS),
+        *(f"data_loader.{x}" for x in LOADER_KEYS if not (d == "train_dataset" and x in HF_LOADER_KEYS)),
         "num_parallel_workers", "drop_remainder")},
-    "eval_dataset.data_loader.shuffle": LOADER,
+    "eval_dataset.data_loader.shuffle": LOADER, "eval_dataset.input_columns": LOADER,
     **{k: LOADER for k in ("train_dataset_task.*", "eval_dataset_task.*", "eval_step_interval",
                            "eval_epoch_interval")},
     **{f"callbacks.{k}": CHECKPOINT_IO for k in (
@@ -329,9 +333,10 @@ VALUE_ALIASES: Dict[str, Dict[object, object]] = {
     "parallel.pipeline_config.pipeline_scheduler": {"zero_bubble_v": "zbv", "zbv": "zbv", "1F1B": "1f1b", "dualpipev": "dualpipev",
                                                     "GPipe": "gpipe", "gpipe": "gpipe",
                                                     "interleaved_1f1b": "interleaved"},
-    "train_dataset.type": {"MindDataset": "mindrecord", "BlendedMegatronDatasetDataLoader": "megatron"},
+    "train_dataset.type": {"MindDataset": "mindrecord", "BlendedMegatronDatasetDataLoader": "megatron",
+                           "HFDataLoader": "hf"},
     "eval_dataset.type": {"MindDataset": "mindrecord"},
 }
 # Data loader types MindFormers has that are not read here: refused with what to use instead
-LOADERS_NOT_IMPLEMENTED = ("CommonDataLoader", "HFDataLoader", "SFTDataLoader",
+LOADERS_NOT_IMPLEMENTED = ("CommonDataLoader", "SFTDataLoader",
                            "MultiSourceDataLoader", "ADGenDataLoader", "TrainingDataLoader")

@@ -283,6 +283,8 @@ class _Checks:
                     found.files = self.mindrecord_files()
                 elif ds.type == "megatron":
                     found.files = self.megatron_prefixes()
+                elif ds.type == "hf":
+                    found.files = self.hf_source()
                 elif ds.dataset_dir:
                     found.files = data_files(os.path.abspath(ds.dataset_dir), ds.type)
                 elif ds.type != "text":
@@ -363,6 +365,50 @@ class _Checks:
             self.errors.append("train_dataset.type = 'mindrecord': needs train_dataset.tokenizer_file, the tokenizer "
                                "the MindRecord data was written with (token ids mean nothing without it)")
         return data_files(os.path.abspath(ds.dataset_dir), ds.type)
+
+    def hf_source(self) -> List[str]:
+        """HFDataLoader (type hf): the handler chain checked, the local path named when missing (nothing is
+        downloaded), and the batch keys it feeds checked against pipeline and context parallelism. The data
+        itself is read by training/inputs.py (columns and broken lines are named there, before any step)."""
+        from ..data.handlers import parse_handlers
+        from ..data.hf_dataset import BUILDERS, feed_keys
+        ds, shape = self.cfg.train_dataset, self.shape
+        chain = None
+        try:
+            chain = parse_handlers(ds.get("handler"))
+        except ValueError as e:
+            self.errors.append(str(e))
+        try:
+            keys = feed_keys(ds.get("input_columns"), bool(chain and chain.pack_strategy))
+        except ValueError as e:
+            self.errors.append(f"train_dataset.{e}")
+            keys = []
+        extra = [k for k in keys if k not in ("input_ids", "labels")]
+        if extra and shape.pp > 1:
+            self.errors.append(f"train_dataset.type = 'hf' feeds {extra} with parallel_config.pipeline_stage = "
+                               f"{shape.pp}: the pipeline runtime passes only input_ids and labels between stages; "
+                               "fine-tune with pipeline_stage 1")
+        if shape.cp > 1 and any(k in keys for k in ("position_ids", "segment_ids")):
+            self.errors.append(f"train_dataset.type = 'hf' feeds position_ids/segment_ids with context_parallel = "
+                               f"{shape.cp}: explicit positions and packed-document masks need the whole sequence "
+                               "on one rank; use context_parallel 1")
+        path, files = ds.get("path"), ds.get("data_files")
+        if path in BUILDERS.values() and files:
+            files = [files] if isinstance(files, str) else list(files)
+            missing = [f for f in files if not os.path.isfile(f)]
+            if missing:
+                self.errors.append(f"train_dataset.data_loader.data_files = {missing}: no such file(s)")
+            return [os.path.abspath(f) for f in files]
+        if not path:
+            self.errors.append("train_dataset.data_loader.path is not set: HFDataLoader needs a local data file or "
+                               "folder")
+            return []
+        target = os.path.abspath(os.path.expanduser(str(path)))
+        if not os.path.exists(target):
+            self.errors.append(f"train_dataset.data_loader.path = {path!r}: no such local file or folder (tried "
+                               f"{target}); data sets are not downloaded here: download it first (e.g. "
+                               "huggingface-cli download NAME --repo-type dataset --local-dir DIR) and give that path")
+        return [target]
 
     def megatron_prefixes(self) -> List[str]:
         """Megatron .bin/.idx data (BlendedMegatronDatasetDataLoader): the prefixes of data_path, each

@@ -239,8 +239,28 @@ SCHEMA = Section({
         }, "Architecture hyper-parameters."),
     }, "The model."),
     "train_dataset": Section({
-        "type": F("str", "text", "Input format (megatron: .bin/.idx prefixes in data_path).",
-                  choices=("text", "jsonl", "mindrecord", "megatron")),
+        "type": F("str", "text", "Input format (megatron: .bin/.idx prefixes in data_path; hf: MindFormers' "
+                  "HFDataLoader, local files through the datasets library and the handler chain).",
+                  choices=("text", "jsonl", "mindrecord", "megatron", "hf")),
+        "load_func": F("str", "load_dataset", "type hf: load_dataset (data files or a folder of them) or "
+                       "load_from_disk (a save_to_disk folder).", choices=("load_dataset", "load_from_disk")),
+        "path": F("str|null", None, "type hf: a local .json/.jsonl/.parquet/.csv/.arrow file or folder, a "
+                  "save_to_disk folder, or a builder name (json, parquet, csv, arrow) with data_files; hub names "
+                  "are not downloaded."),
+        "data_files": F("str|list|null", None, "type hf: files for a builder name in path."),
+        "split": F("str|null", "train", "type hf: the split (train, train[:100], train[:50%])."),
+        "handler": F("list|null", None, "type hf: the handler chain (take/select_columns/rename_column/..., "
+                     "AlpacaInstructDataHandler or ChatTemplateDataHandler, PackingHandler); docs/finetune.md."),
+        "input_columns": F("list|null", None, "type hf: batch keys fed to the model (input_ids, labels, "
+                           "loss_mask, position_ids; packed rows always feed segment_ids); other types read tokens only."),
+        "create_attention_mask": F("bool", False, "type hf: MindFormers' per-document mask column; here packed "
+                                   "documents are always kept apart by segment_ids (the model's AttentionMask)."),
+        "create_compressed_eod_mask": F("bool", False, "type hf: MindFormers' compressed end-of-document list; "
+                                        "here it caps documents per packed row at compressed_eod_mask_length."),
+        "compressed_eod_mask_length": F("int", 128, "type hf: most documents in one packed row when "
+                                        "create_compressed_eod_mask is set.", min=1),
+        "use_broadcast_data": F("bool", True, "type hf: MindFormers broadcasts rows within a tp group; here every "
+                                "rank reads the same rows (same result)."),
         "dataset_dir": F("str|null", None, "File or directory; null = the built-in corpus."),
         "data_path": F("str|list|null", None, "type megatron: a .bin/.idx prefix, or [weight, prefix, ...] "
                                               "blended by weight (MindFormers' data_loader.config.data_path)."),
