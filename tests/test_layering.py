@@ -24,7 +24,7 @@ LAYERS: Dict[str, int] = {
     "distributed": 1,
     "sharding": 2,
     "transformer": 3, "optim": 3, "data": 3, "checkpoint": 3,
-    "models": 4, "pipeline": 4, "recompute": 4, "hsdp": 4,
+    "models": 4, "pipeline": 4, "recompute": 4, "hsdp": 4, "generation": 4,   # training (5) runs predict on it
     "training": 5,
     "testing": 6, "examples": 6,
 }

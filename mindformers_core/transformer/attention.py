@@ -153,8 +153,9 @@ class SelfAttention(nn.Cell):
         self.attention_mask = AttentionMask()
         self.core_attention = (spec.core or DotProductAttention)(config)
         self.linear_proj = RowParallelLinear(q_size, config.hidden_size, config, bias=bias)
+        self.kv_cache = None    # a transformer.kv_cache.KVCache while generating (generation.cache)
 
-    def construct(self, x, position_ids=None, segment_ids=None):
+    def construct(self, x, position_ids=None, segment_ids=None, cache_slots=None, kv_mask=None):
         b, s = x.shape[0], x.shape[1]
         q = self.linear_q(x).reshape(b, s, -1, self.head_dim)
         k = self.linear_k(x).reshape(b, s, -1, self.head_dim)
@@ -163,6 +164,8 @@ class SelfAttention(nn.Cell):
             q = self.q_layernorm(q)
         if self.has_k_norm:
             k = self.k_layernorm(k)
+        if cache_slots is not None:
+            return self.cached(q, k, v, position_ids, cache_slots, kv_mask)
         q = ops.transpose(self.rotate(q, position_ids), (0, 2, 1, 3))
         k = ops.transpose(self.rotate(k, position_ids), (0, 2, 1, 3))
         v = ops.transpose(v, (0, 2, 1, 3))
@@ -171,6 +174,14 @@ class SelfAttention(nn.Cell):
         else:
             ctx = self.core_attention(q, k, v, self.attention_mask(position_ids, segment_ids))
         return self.linear_proj(ctx)
+
+    def cached(self, q, k, v, position_ids, cache_slots, kv_mask):
+        """Generation: q/k rotated by ``position_ids`` (b, s), k and v written into the cache at ``cache_slots``
+        (s,), q attending to the whole cache under ``kv_mask`` (b, 1, s, L) (``kv_cache.cache_mask``)."""
+        q = ops.transpose(self.kv_cache.rotary(q, position_ids), (0, 2, 1, 3))
+        k = ops.transpose(self.kv_cache.rotary(k, position_ids), (0, 2, 1, 3))
+        keys, values = self.kv_cache(k, ops.transpose(v, (0, 2, 1, 3)), cache_slots)
+        return self.linear_proj(self.core_attention(q, keys, values, kv_mask))
 
     def rotate(self, x, position_ids):
         """Rotary on (b, s, heads, d): the constant tables, or the angles of ``position_ids``."""

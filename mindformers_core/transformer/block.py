@@ -45,23 +45,31 @@ class TransformerBlock(nn.Cell):
         self.returns_aux = any(self.aux_flags)
         self.num_local_layers = len(self.layer_numbers)
 
-    def construct(self, x, position_ids=None, segment_ids=None):
+    def construct(self, x, position_ids=None, segment_ids=None, cache_slots=None, kv_mask=None):
         if self.returns_aux:
-            return self._construct_with_aux(x, position_ids, segment_ids)
+            return self._construct_with_aux(x, position_ids, segment_ids, cache_slots, kv_mask)
         for layer in self.layers:
-            x = layer(x, position_ids, segment_ids)
+            if cache_slots is None:
+                x = layer(x, position_ids, segment_ids)
+            else:
+                x = layer(x, position_ids, segment_ids, cache_slots, kv_mask)
         if self.has_final_layernorm:
             x = self.final_layernorm(x)
         return x
 
-    def _construct_with_aux(self, x, position_ids, segment_ids):
+    def _construct_with_aux(self, x, position_ids, segment_ids, cache_slots=None, kv_mask=None):
         aux = ()
         for i in range(self.num_local_layers):
             if self.aux_flags[i]:
-                x, a = self.layers[i](x, position_ids, segment_ids)
+                if cache_slots is None:
+                    x, a = self.layers[i](x, position_ids, segment_ids)
+                else:
+                    x, a = self.layers[i](x, position_ids, segment_ids, cache_slots, kv_mask)
                 aux = aux + (a,)
-            else:
+            elif cache_slots is None:
                 x = self.layers[i](x, position_ids, segment_ids)
+            else:
+                x = self.layers[i](x, position_ids, segment_ids, cache_slots, kv_mask)
         if self.has_final_layernorm:
             x = self.final_layernorm(x)
         total = aux[0]

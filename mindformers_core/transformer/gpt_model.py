@@ -104,6 +104,20 @@ class GPTModel(nn.Cell):
             return x
         return self._head(x, labels, loss_mask)
 
+    def decode(self, input_ids, position_ids, cache_slots, kv_mask, last_only=False):
+        """Generation against the KV caches attached to the attention layers (``generation.cache``): logits
+        (b, s, vocab) of ``input_ids`` (b, s) at rotary positions ``position_ids`` (b, s), their keys and
+        values written at cache slots ``cache_slots`` (s,), attending under ``kv_mask`` (b, 1, s, L);
+        ``last_only``: the logits of the last column only, (b, 1, vocab). Needs the whole model (no pipeline
+        stage)."""
+        x = self.embedding(input_ids)
+        x = self.decoder(x, position_ids, None, cache_slots, kv_mask)
+        if self.returns_aux:
+            x = x[0]
+        if last_only:
+            x = x[:, -1:, :]
+        return self._head(x, None, None)
+
     def _head(self, x, labels, loss_mask):
         """Logits, or the loss: the mean over every token, or over the tokens ``loss_mask`` keeps."""
         if self.tie:

@@ -57,8 +57,11 @@ class TransformerLayer(nn.Cell):
         self.use_dropout = config.hidden_dropout > 0
         init_weights(self, f"decoder.layers.{layer_number - 1}", config.init_method_std)
 
-    def construct(self, x, position_ids=None, segment_ids=None):
-        y = self.self_attention(self.input_layernorm(x), position_ids, segment_ids)
+    def construct(self, x, position_ids=None, segment_ids=None, cache_slots=None, kv_mask=None):
+        if cache_slots is None:
+            y = self.self_attention(self.input_layernorm(x), position_ids, segment_ids)
+        else:       # generation against the attention's KV cache (transformer/kv_cache.py)
+            y = self.self_attention(self.input_layernorm(x), position_ids, segment_ids, cache_slots, kv_mask)
         if self.use_dropout:
             y = ops.dropout(y, p=self.dropout_p, training=self.training)
         x = x + y

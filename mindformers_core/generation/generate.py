@@ -1,0 +1,233 @@
+"""Batched generation with a static KV cache: one prefill over the (left-padded) prompts, one decode step per
+token, each a fixed-shape step so that jit compiles it once.
+
+Rows are left-padded to the longest prompt P; cache slot j holds column j of the padded sequence, so every
+row writes the same slots (``cache_slots``), while its rotary positions start at 0 at its first real token
+(``position_ids``) and its pad slots are masked out (``kv_valid``): a row's tokens are those it gets alone.
+A finished row (EOS) is fed the pad token and its further tokens are dropped; generation stops when every row
+is finished or after the new-token budget. The cache has L = P + new tokens slots; each step attends over
+all L (masked), so its cost does not grow with the position.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from ..common.graphs import compile_blocking
+from ..transformer.kv_cache import cache_mask
+from .cache import attach_kv_cache, detach_kv_cache, reattach
+from .config import GenerationConfig
+from .sampling import TokenChooser, uniform_noise
+
+
+class CachedStep(nn.Cell):
+    """``(input_ids (b, s), position_ids (b, s), cache_slots (s,), kv_valid (b, L)) -> logits``: (b, vocab) of
+    the last column (``last_only``), else (b, s, vocab)."""
+
+    def __init__(self, model, last_only: bool = True):
+        super().__init__()
+        self.model = model
+        self.last_only = last_only
+
+    def construct(self, input_ids, position_ids, cache_slots, kv_valid):
+        mask = cache_mask(cache_slots, kv_valid)
+        logits = self.model.decode(input_ids, position_ids, cache_slots, mask, self.last_only)
+        if self.last_only:
+            return logits[:, 0, :]
+        return logits
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: List[int]
+    new_ids: List[int]
+    finish_reason: str                       # "eos" or "length"
+
+    @property
+    def token_ids(self) -> List[int]:
+        """Prompt + new tokens: what ``transformers``' ``generate`` returns for the row run alone."""
+        return list(self.prompt_ids) + list(self.new_ids)
+
+
+@dataclass
+class GenerationStats:
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+    step_seconds: List[float] = field(default_factory=list)
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prefill_tokens": self.prefill_tokens, "prefill_seconds": round(self.prefill_seconds, 6),
+                "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2), "decode_tokens": self.decode_tokens,
+                "decode_steps": self.decode_steps, "decode_seconds": round(self.decode_seconds, 6),
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 2)}
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int):
+    """(ids (b, P) int32, position_ids (b, P) int32, first real column per row (b,))."""
+    lengths = [len(p) for p in prompts]
+    width = max(lengths)
+    ids = np.full((len(prompts), width), pad_id, np.int32)
+    positions = np.zeros((len(prompts), width), np.int32)
+    starts = np.array([width - n for n in lengths], np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, starts[i]:] = p
+        positions[i, starts[i]:] = np.arange(len(p))
+    return ids, positions, starts
+
+
+class Generator:
+    """``Generator(model, config, jit=False).generate(prompts) -> (results, stats)`` for a GPTModel-family model
+    on one process. ``max_positions``: the model's maximum sequence (prompt + new tokens), checked first."""
+
+    def __init__(self, model, config: GenerationConfig, jit: bool = False, max_positions: Optional[int] = None):
+        self.model = model
+        self.config = config
+        self.jit = bool(jit)
+        self.max_positions = max_positions
+        self.vocab_size = int(model.config.vocab_size)
+        self.chooser = TokenChooser(config, self.vocab_size)
+        self.step = CachedStep(model, last_only=True)
+        self.full_step = CachedStep(model, last_only=False)
+        self._shape = None
+        self._caches = None
+        self._compiled = {}
+        self._choose = compile_blocking(self._choose_fn) if self.jit else self._choose_fn
+
+    # the functions jit compiles (plain methods: ms.jit parses their source)
+    def _step_fn(self, input_ids, position_ids, cache_slots, kv_valid):
+        return self.step(input_ids, position_ids, cache_slots, kv_valid)
+
+    def _full_fn(self, input_ids, position_ids, cache_slots, kv_valid):
+        return self.full_step(input_ids, position_ids, cache_slots, kv_valid)
+
+    def _choose_fn(self, logits, presence, banned, uniform):
+        return self.chooser(logits, presence, banned, uniform)
+
+    def check(self, prompts: Sequence[Sequence[int]]) -> int:
+        """The number of new tokens, after checking the prompts against the model's maximum."""
+        if not prompts:
+            raise ValueError("generate: no prompt")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"generate: prompt {i} is empty (no token ids)")
+            bad = [t for t in p if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise ValueError(f"generate: prompt {i} holds token ids {bad[:5]} outside the vocabulary "
+                                 f"[0, {self.vocab_size})")
+        width = max(len(p) for p in prompts)
+        new = self.config.new_tokens_for(width)
+        if self.max_positions is not None:
+            if width > self.max_positions:
+                longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+                raise ValueError(f"generate: prompt {longest} has {width} tokens, more than the model's maximum "
+                                 f"{self.max_positions} (max_position_embeddings): shorten it")
+            if width + new > self.max_positions:
+                new = self.max_positions - width
+        return new
+
+    def prepare(self, batch_size: int, length: int):
+        """Caches of ``length`` slots for ``batch_size`` rows on the model (reused when the shape repeats)."""
+        if self._shape != (batch_size, length):
+            self._caches = attach_kv_cache(self.model, batch_size, length)
+            self._shape = (batch_size, length)
+            self._compiled = {}
+        else:
+            reattach(self.model, self._caches)
+
+    def _fn(self, name):
+        if not self.jit:
+            return self._step_fn if name == "step" else self._full_fn
+        if name not in self._compiled:
+            fn = self._step_fn if name == "step" else self._full_fn
+            self._compiled[name] = compile_blocking(fn, cells=[self.model])
+        return self._compiled[name]
+
+    def run_step(self, name, ids, positions, slots, valid):
+        return self._fn(name)(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
+                              Tensor(slots.astype(np.int32)), Tensor(valid.astype(np.int32)))
+
+    def generate(self, prompts: Sequence[Sequence[int]], streamer: Optional[Callable] = None):
+        """``streamer(step, tokens, active)``: called after every token with the new ids (b,) and which rows
+        were still running. Returns (list of :class:`GenerationResult`, :class:`GenerationStats`)."""
+        cfg = self.config
+        prompts = [[int(t) for t in p] for p in prompts]
+        new = self.check(prompts)
+        pad = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_token_id[0] if cfg.eos_token_id else 0)
+        ids, positions, starts = left_pad(prompts, pad)
+        b, width = ids.shape
+        length = width + new
+        was_training = self.model.training
+        self.model.set_train(False)
+        self.prepare(b, length)
+        try:
+            return self._generate(prompts, ids, positions, starts, new, length, streamer)
+        finally:
+            detach_kv_cache(self.model)
+            self.model.set_train(was_training)
+
+    def _generate(self, prompts, ids, positions, starts, new, length, streamer):
+        cfg = self.config
+        b, width = ids.shape
+        valid = (np.arange(length)[None, :] >= starts[:, None]).astype(np.int32)
+        presence = np.zeros((b, self.vocab_size), np.float32)
+        for i, p in enumerate(prompts):
+            presence[i, p] = 1.0
+        eos = np.array(cfg.eos_token_id, np.int64)
+        no_ban = np.zeros((b, self.vocab_size), np.float32)
+        eos_ban = no_ban.copy()
+        if eos.size:
+            eos_ban[:, eos] = 1.0
+        rng = np.random.default_rng(cfg.seed)
+        stats = GenerationStats(prefill_tokens=int(sum(len(p) for p in prompts)))
+        t0 = time.perf_counter()
+        logits = self.run_step("step", ids, positions, np.arange(width), valid)
+        logits.asnumpy()
+        stats.prefill_seconds = time.perf_counter() - t0
+        new_ids = [[] for _ in range(b)]
+        finished = np.zeros(b, bool)
+        reasons = ["length"] * b
+        pad = cfg.pad_token_id if cfg.pad_token_id is not None else (int(eos[0]) if eos.size else 0)
+        lengths = np.array([len(p) for p in prompts], np.int64)
+        t_decode = time.perf_counter()
+        for t in range(new):
+            banned = eos_ban if t < cfg.min_new_tokens else no_ban
+            noise = uniform_noise(rng, (b, self.vocab_size)) if cfg.do_sample else no_ban
+            tokens, _ = self._choose(logits, Tensor(presence), Tensor(banned), Tensor(noise))
+            tokens = tokens.asnumpy().astype(np.int64)
+            active = ~finished
+            tokens = np.where(active, tokens, pad)
+            for i in np.nonzero(active)[0]:
+                new_ids[i].append(int(tokens[i]))
+                presence[i, tokens[i]] = 1.0
+                if eos.size and tokens[i] in eos:
+                    finished[i] = True
+                    reasons[i] = "eos"
+            if t > 0:
+                stats.decode_tokens += int(active.sum())
+            if streamer is not None:
+                streamer(t, tokens, active)
+            if finished.all() or t == new - 1:
+                break
+            s0 = time.perf_counter()
+            logits = self.run_step("step", tokens[:, None], (lengths + t)[:, None], np.array([width + t]), valid)
+            stats.step_seconds.append(time.perf_counter() - s0)
+            stats.decode_steps += 1
+        stats.decode_seconds = time.perf_counter() - t_decode
+        results = [GenerationResult(prompts[i], new_ids[i], reasons[i]) for i in range(b)]
+        return results, stats
