@@ -77,7 +77,7 @@ def parse_handlers(handlers: Any, where: str = "train_dataset.data_loader.handle
             if chain.tokenize is not None:
                 problems.append(f"{at} (type {kind}): column handlers come before the tokenizing handler "
                                 f"({chain.tokenize['type']})")
-            if kind in ("take", "skip") and not (isinstance(h.get("n"), int) and h.get("n", -1) >= 0):
+            if kind in ("take", "skip") and "n" in h and not (isinstance(h["n"], int) and h["n"] >= 0):
                 problems.append(f"{at}.n = {h.get('n')!r}: must be an integer >= 0")
             chain.column_ops.append(dict(h))
         elif kind in TOKENIZING:
@@ -102,7 +102,7 @@ def parse_handlers(handlers: Any, where: str = "train_dataset.data_loader.handle
         else:
             problems.append(f"{at}.type = {kind!r}: not a handler here; known: "
                             f"{', '.join(list(COLUMN_HANDLERS) + list(TOKENIZING) + [PACKING])}")
-    if chain.tokenize is None and not any("tokenizing" in p for p in problems):
+    if chain.tokenize is None:
         problems.append(f"{where}: no tokenizing handler; add one of {', '.join(TOKENIZING)}")
     if problems:
         raise ValueError("; ".join(problems))

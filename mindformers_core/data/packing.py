@@ -16,8 +16,10 @@ Rows are dicts of equal-length int/float arrays (``input_ids``, ``labels``, ``lo
   dropped).
 * padding (packing off): one document per row, cut to ``seq_length``, padded at the end.
 
-Padding tokens are ``pad_id`` in ``input_ids`` and ``labels``, ``loss_mask`` 0, their own segment id and
-positions 0, 1, ... (they never reach a real token's attention, and no loss is taken on them).
+Padding tokens are ``pad_id`` in ``input_ids`` and ``labels``, ``loss_mask`` 0, their own segment id, and
+positions continuing the last document's (the attention mask is causal by position: padding numbered from 0
+would sit "before" the real tokens of a row fed without segment ids and be seen by them). No real token
+attends to padding, and no loss is taken on it.
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ def _row(pieces: List[Document], seq_length: int, pad_id: int, positions: Option
            "labels": np.concatenate([p["labels"] for p in pieces] + [np.full(pad, pad_id, np.int64)]).astype(np.int32),
            "loss_mask": np.concatenate([p["loss_mask"] for p in pieces] + [np.zeros(pad, np.float32)]).astype(np.float32)}
     pos = positions or [np.arange(len(p["input_ids"])) for p in pieces]
-    row["position_ids"] = np.concatenate(list(pos) + [np.arange(pad)]).astype(np.int32)
+    after = int(pos[-1][-1]) + 1 if pos and len(pos[-1]) else 0     # padding continues the last document's positions:
+    row["position_ids"] = np.concatenate(list(pos) + [np.arange(after, after + pad)]).astype(np.int32)
     row["segment_ids"] = np.concatenate([np.full(len(p["input_ids"]), i) for i, p in enumerate(pieces)]
                                         + [np.full(pad, len(pieces))]).astype(np.int32)
     return row

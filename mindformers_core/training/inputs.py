@@ -135,12 +135,12 @@ def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_r
 
     def dataset(key: str, kind: str, directory: Optional[str], paths: List[str], shuffle: bool):
         order = dict(seed=int(cfg.seed), shuffle=shuffle, dp_rank=dp_rank, dp_size=shape.dp)
+        if kind == "hf":                    # its errors name the data_loader keys themselves
+            return hf_data(cfg, tokenizer, output_dir, rank, order)
         try:
             if kind == "mindrecord":
                 from ..data.mindrecord import MindRecordDataset
                 return MindRecordDataset(os.path.abspath(directory), int(mc.seq_length), **order)
-            if kind == "hf":
-                return hf_data(cfg, tokenizer, output_dir, rank, order)
             if kind == "megatron":
                 from ..data.megatron import MegatronDataset
                 try:
