@@ -62,7 +62,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
         ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
         if shape.pp == 1:
             chunk = spec.model_class(mcfg)
-            parallelize(chunk, mcfg, ids, ids, mesh=mesh, rank=topo.rank)
+            parallelize(chunk, mcfg, *batch_samples(cfg, ids), mesh=mesh, rank=topo.rank)
         else:
             # DualPipe: stage index s runs model stage s % pp (its down copy for s < pp, else its up
             # copy), built like any stage: both copies of a model stage have the same parameter names
@@ -79,6 +79,23 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
     copies = tuple(p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters())
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies)
+
+
+def batch_samples(cfg: Config, ids: np.ndarray) -> tuple:
+    """Sample model arguments in ``common/batch.py`` order for the keys the data feeds: (ids, labels) for
+    pretraining data; with HFDataLoader also loss_mask / position_ids / segment_ids, so that the plan splits
+    them like the batch and reduces the masked mean's token count over dp (the loss is the mean over the
+    unmasked tokens of the global batch, not a mean of per-rank means)."""
+    if cfg.train_dataset.type != "hf":
+        return ids, ids
+    from ..common.batch import model_args
+    from ..data.handlers import parse_handlers
+    from ..data.hf_dataset import feed_keys
+    packed = parse_handlers(cfg.train_dataset.handler).pack_strategy is not None
+    full = {"input_ids": ids, "labels": ids, "loss_mask": np.ones(ids.shape, np.float32),
+            "position_ids": np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1)),
+            "segment_ids": np.zeros(ids.shape, np.int32)}
+    return model_args({k: full[k] for k in feed_keys(cfg.train_dataset.input_columns, packed)})
 
 
 def model_config_for(spec, cfg: Config, shape: JobShape):
