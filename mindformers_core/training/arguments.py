@@ -32,9 +32,15 @@ PYNATIVE_FLAGS = {
 NOT_APPLIED_FLAGS = {
     "device_id": int, "src_strategy_path_or_dir": str, "transform_process_num": int, "only_save_strategy": "bool",
     "strategy_load_checkpoint": str, "remote_save_url": str, "profile": "bool", "num_samples": int,
-    "trust_remote_code": "bool", "predict_batch_size": int, "do_sample": "bool",
+    "trust_remote_code": "bool",
 }
 LIST_FLAGS = ("adapter_id", "modal_type")
+# run_mode=predict: Hugging Face's generation keys as flags (ours; MindFormers reads them from the YAML)
+GENERATION_FLAGS = (("temperature", float, "sampling temperature"), ("top_k", int, "keep the k likeliest tokens"),
+                    ("top_p", float, "keep the likeliest tokens up to this probability mass, in (0, 1]"),
+                    ("repetition_penalty", float, "HF repetition penalty (1.0: none)"),
+                    ("min_new_tokens", int, "no EOS before this many new tokens"),
+                    ("max_length", int, "prompt + new tokens (max_new_tokens wins)"))
 PROG = "run_mindformer.py"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -82,8 +88,19 @@ def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[Tuple[str, str]
                     help="directory of user model code; its models register with @register_model")
     ap.add_argument("--options", default=None, nargs="+", metavar="KEY=VALUE",
                     help="overrides merged into the config, as MindFormers' --options a.b=v c.d=w")
-    ap.add_argument("--predict_data", default=None, nargs="+", help="prompt(s) for run_mode=predict")
-    ap.add_argument("--max_new_tokens", default=32, type=int, help="tokens generated in run_mode=predict")
+    ap.add_argument("--predict_data", default=None, nargs="+",
+                    help="prompt(s) for run_mode=predict, or one file: a prompt a line, or JSONL ('prompt' or chat "
+                         "'messages')")
+    ap.add_argument("--max_new_tokens", default=None, type=int,
+                    help="tokens generated in run_mode=predict (default: generation_config.json / YAML, else 32)")
+    ap.add_argument("--predict_batch_size", default=None, type=int,
+                    help="prompts generated together in run_mode=predict (left-padded batch; default 1)")
+    ap.add_argument("--do_sample", default=None, type=_bool,
+                    help="run_mode=predict: sample (temperature/top_k/top_p from generation_config.json or the flags "
+                         "below) instead of greedy decoding")
+    for flag, kind, text in GENERATION_FLAGS:
+        ap.add_argument(f"--{flag}", default=None, type=kind, help=f"run_mode=predict: {text} (overrides "
+                        "generation_config.json)")
     ap.add_argument("--max_restarts", default=None, type=_non_negative,
                     help="run under a supervisor that restarts a failed job from its latest checkpoint up to N times "
                          "(default: runner_config.max_restarts)")

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from .arguments import FLAGS, LIST_FLAGS, NOT_APPLIED_FLAGS, PROG, PYNATIVE_FLAGS, parse, resolve_config_path
+from .arguments import FLAGS, GENERATION_FLAGS, LIST_FLAGS, NOT_APPLIED_FLAGS, PROG, PYNATIVE_FLAGS, parse, resolve_config_path
 
 
 def _dialect_overrides(args: argparse.Namespace, overrides: List[Tuple[str, str]], raw: dict):
@@ -56,7 +56,7 @@ def _dialect_overrides(args: argparse.Namespace, overrides: List[Tuple[str, str]
 def _flags_not_applied(args: argparse.Namespace) -> List[Tuple[str, str]]:
     from .mindformers_keys import ASCEND, GRAPH_PARALLEL, INFERENCE, MISC, PROFILER
     why = {"device_id": ASCEND, "profile": PROFILER, "remote_save_url": MISC, "trust_remote_code": MISC,
-           "num_samples": MISC, "predict_batch_size": INFERENCE, "do_sample": INFERENCE, "adapter_id": INFERENCE,
+           "num_samples": MISC, "adapter_id": INFERENCE,
            "modal_type": INFERENCE}
     return [(f"--{flag}", why.get(flag, GRAPH_PARALLEL)) for flag in (*NOT_APPLIED_FLAGS, *LIST_FLAGS)
             if getattr(args, flag) is not None]
@@ -183,8 +183,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             trainer.setup()
             if trainer.restore() == 0 and not config.load_checkpoint:
                 print(f"{PROG}: predicting from randomly initialised weights (no load_checkpoint)", file=sys.stderr)
-            for prompt in args.predict_data or ["Return the"]:
-                print(trainer.predict(prompt.replace("\\n", "\n"), int(args.max_new_tokens)), flush=True)
+            flags = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample,
+                     **{flag: getattr(args, flag) for flag, _, _ in GENERATION_FLAGS}}
+            trainer.predict_all(args.predict_data, 1 if args.predict_batch_size is None else args.predict_batch_size, flags)
     except ConfigError as e:
         print(f"{PROG}: invalid configuration:\n{e}", file=sys.stderr, flush=True)
         return 2

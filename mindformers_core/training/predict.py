@@ -1,35 +1,184 @@
-"""``run_mode: predict``: greedy generation from the loaded weights on one process.
+"""``run_mode: predict``: batched generation with a KV cache (``mindformers_core.generation``) from the loaded
+weights, on one process.
 
-The model sees a fixed ``seq_length`` window (the shapes it was built and compiled for): the prompt
-is right-padded, and each new token is read at the last real position.
+Prompts: ``--predict_data`` strings, or one file: ``.jsonl`` (one JSON object a line: ``{"prompt": text}``,
+``{"text": text}`` or ``{"messages": [{role, content}, ...]}`` rendered with the model folder's chat
+template), any other file one prompt per line. ``--predict_batch_size`` prompts of different lengths run as
+one left-padded batch. What to generate: the model folder's ``generation_config.json``, then the flags
+(``--max_new_tokens``, ``--do_sample``, ``--temperature``, ``--top_k``, ``--top_p``, ``--repetition_penalty``,
+``--min_new_tokens``, ``--max_length``); the seed is the config's ``seed``. (MindFormers' ``model.model_config``
+generation keys are still listed as not applied by the YAML reader, which drops them: not read yet.)
+Output: the text streamed to the console for one-prompt batches (each text printed when its batch ends
+otherwise), ``predict_results.jsonl`` in the output directory (prompt, text, token ids, new ids, finish
+reason), and prefill / decode tokens per second.
 """
 from __future__ import annotations
 
-from typing import List
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
-from mindspore import Tensor
+from ..generation import GenerationConfig, Generator
 
-
-def generate(model, tokenizer, seq_length: int, ids: List[int], max_new_tokens: int = 32) -> List[int]:
-    """Greedy continuation of token ids; returns the new ids only (stops after EOS)."""
-    ids, new = list(ids), []
-    for _ in range(max_new_tokens):
-        window = ids[-seq_length:]
-        x = np.full((1, seq_length), tokenizer.pad_token_id, np.int32)
-        x[0, :len(window)] = window
-        logits = model(Tensor(x)).asnumpy()
-        nxt = int(logits[0, len(window) - 1].argmax())
-        ids.append(nxt)
-        new.append(nxt)
-        if nxt == tokenizer.eos_token_id:
-            break
-    return new
+YAML_KEYS = ("do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "max_decode_length",
+             "max_new_tokens", "min_new_tokens", "max_length", "eos_token_id", "pad_token_id")
+RESULTS = "predict_results.jsonl"
 
 
-def complete(model, tokenizer, seq_length: int, prompt: str, max_new_tokens: int = 32) -> str:
-    """The prompt followed by its greedy continuation."""
+def read_prompts(predict_data: Optional[Sequence[str]]) -> List[Any]:
+    """Prompts as strings, or message lists (chat) from a JSONL file. ``ValueError`` naming the line."""
+    data = list(predict_data or ["Return the"])
+    if len(data) == 1 and os.path.isfile(data[0]):
+        path = data[0]
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f]
+        if path.endswith(".jsonl"):
+            prompts = []
+            for no, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"--predict_data {path}:{no}: not JSON ({e.msg})") from None
+                if isinstance(row, dict) and isinstance(row.get("messages"), list):
+                    prompts.append(row["messages"])
+                elif isinstance(row, dict) and isinstance(row.get("prompt", row.get("text")), str):
+                    prompts.append(row.get("prompt", row.get("text")))
+                else:
+                    raise ValueError(f"--predict_data {path}:{no}: needs a 'prompt' (or 'text') string or a "
+                                     "'messages' list")
+            return prompts
+        return [line.replace("\\n", "\n") for line in lines if line.strip()]
+    return [p.replace("\\n", "\n") for p in data]
+
+
+def encode_prompt(tokenizer, prompt) -> List[int]:
+    """Token ids of a prompt: BOS (when the tokenizer has one) + the text, or a chat rendered with the
+    tokenizer's chat template (with the generation prompt)."""
+    if isinstance(prompt, list):
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise ValueError("--predict_data: chat messages need the model folder's chat template "
+                             "(chat_template.jinja or tokenizer_config.json's chat_template); the tokenizer has none")
+        from ..data.handlers import chat_renderer
+        text = chat_renderer(template, tokenizer, "--predict_data")(prompt, add_generation_prompt=True)
+        return tokenizer.encode(text, add_bos=False)
     bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]     # Qwen's tokenizers have none
-    ids = bos + tokenizer.encode(prompt, add_bos=False)
-    new = generate(model, tokenizer, seq_length, ids, max_new_tokens)
-    return tokenizer.decode(ids[len(bos):] + new)
+    return bos + tokenizer.encode(prompt, add_bos=False)
+
+
+def generation_config(tokenizer, folder_generation: Optional[Dict[str, Any]], model_config: Dict[str, Any],
+                      flags: Dict[str, Any], seed: int = 0) -> GenerationConfig:
+    """generation_config.json, then the YAML's generation keys, then the flags; EOS/pad ids default to the
+    tokenizer's. Limits default to 32 new tokens (MindFormers' predict)."""
+    yaml_keys = {k: model_config.get(k) for k in YAML_KEYS if model_config.get(k) is not None}
+    config = GenerationConfig.from_dict(folder_generation, yaml_keys, flags, {"seed": seed})
+    eos = config.eos_token_id or list(getattr(tokenizer, "eos_token_ids", None) or [])
+    if not eos and getattr(tokenizer, "eos_token_id", None) is not None:
+        eos = [tokenizer.eos_token_id]
+    pad = config.pad_token_id
+    if pad is None:
+        pad = getattr(tokenizer, "pad_token_id", None)
+    if config.max_new_tokens is None and config.max_length is None:
+        config = config.replace(max_new_tokens=32)
+    return config.replace(eos_token_id=eos, pad_token_id=pad)
+
+
+def check_batch_size(batch_size: int, dp: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"--predict_batch_size {batch_size!r}: must be a positive integer")
+    if batch_size % max(1, dp):
+        raise ValueError(f"--predict_batch_size {batch_size}: must divide over data_parallel = {dp} (each dp rank "
+                         f"takes batch_size / dp prompts); use a multiple of {dp}")
+
+
+def generate(model, tokenizer, seq_length: int, ids: List[int], max_new_tokens: int = 32, jit: bool = False,
+             config: Optional[GenerationConfig] = None, max_positions: Optional[int] = None) -> List[int]:
+    """Greedy continuation of token ids; returns the new ids only (stops after EOS). ``seq_length`` is kept
+    for the old signature (the cache holds the prompt and the new tokens, whatever the training length)."""
+    if config is None:
+        config = generation_config(tokenizer, None, {}, {"max_new_tokens": max_new_tokens})
+    results, _ = Generator(model, config, jit=jit, max_positions=max_positions).generate([ids])
+    return results[0].new_ids
+
+
+def complete(model, tokenizer, seq_length: int, prompt: str, max_new_tokens: int = 32, **kwargs) -> str:
+    """The prompt followed by its greedy continuation."""
+    ids = encode_prompt(tokenizer, prompt)
+    bos = 1 if tokenizer.bos_token_id is not None and ids[:1] == [tokenizer.bos_token_id] else 0
+    new = generate(model, tokenizer, seq_length, ids, max_new_tokens, **kwargs)
+    return tokenizer.decode(ids[bos:] + new)
+
+
+class _Stream:
+    """Prints one row's text as its tokens arrive (rank 0)."""
+
+    def __init__(self, tokenizer, prefix_ids: List[int], out):
+        self.tokenizer, self.prefix, self.out = tokenizer, list(prefix_ids), out
+        self.ids: List[int] = []
+        self.shown = tokenizer.decode(self.prefix)
+        out.write(self.shown)
+        out.flush()
+
+    def __call__(self, step, tokens, active):
+        if not active[0]:
+            return
+        self.ids.append(int(tokens[0]))
+        text = self.tokenizer.decode(self.prefix + self.ids)
+        if text.startswith(self.shown):
+            self.out.write(text[len(self.shown):])
+            self.out.flush()
+            self.shown = text
+
+    def finish(self, text: str) -> None:
+        if text.startswith(self.shown):
+            self.out.write(text[len(self.shown):])
+        self.out.write("\n")
+        self.out.flush()
+
+
+def run_predict(model, tokenizer, prompts: Sequence[Any], config: GenerationConfig, batch_size: int = 1,
+                jit: bool = False, max_positions: Optional[int] = None, output_dir: Optional[str] = None,
+                out=None, log=None) -> List[Dict[str, Any]]:
+    """Every prompt through the generator in batches of ``batch_size``; returns the JSONL rows (also written
+    to ``output_dir/predict_results.jsonl``). ``out``: where texts go (stdout); ``log``: the stats line."""
+    out = sys.stdout if out is None else out
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    generator = Generator(model, config, jit=jit, max_positions=max_positions)
+    for i, ids in enumerate(encoded):           # every prompt checked before anything runs
+        try:
+            generator.check([ids])
+        except ValueError as e:
+            raise ValueError(str(e).replace("prompt 0", f"prompt {i}")) from None
+    rows, totals = [], {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0}
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded[start:start + batch_size]
+        bos = [1 if tokenizer.bos_token_id is not None and ids[:1] == [tokenizer.bos_token_id] else 0 for ids in batch]
+        stream = _Stream(tokenizer, batch[0][bos[0]:], out) if len(batch) == 1 else None
+        results, stats = generator.generate(batch, streamer=stream)
+        for k in totals:
+            totals[k] += getattr(stats, k)
+        for j, r in enumerate(results):
+            text = tokenizer.decode(r.token_ids[bos[j]:])
+            if stream is not None:
+                stream.finish(text)
+            else:
+                print(text, file=out, flush=True)
+            prompt = prompts[start + j]
+            rows.append({"prompt": prompt, "text": text, "completion": tokenizer.decode(r.new_ids),
+                         "token_ids": r.token_ids, "new_token_ids": r.new_ids, "finish_reason": r.finish_reason})
+    pre = totals["prefill_tokens"] / totals["prefill_seconds"] if totals["prefill_seconds"] else 0.0
+    dec = totals["decode_tokens"] / totals["decode_seconds"] if totals["decode_seconds"] else 0.0
+    line = (f"predict: {len(rows)} prompts in batches of {batch_size}: prefill {totals['prefill_tokens']} tokens "
+            f"{pre:.1f} tokens/s, decode {totals['decode_tokens']} tokens {dec:.1f} tokens/s "
+            f"({'jit' if jit else 'pynative'}, KV cache)")
+    if output_dir:
+        path = os.path.join(output_dir, RESULTS)
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        line += f"; results in {path}"
+    (log or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
+    return rows

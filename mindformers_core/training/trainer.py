@@ -37,7 +37,8 @@ from .heartbeat import Heartbeat
 from .inputs import build_inputs
 from .model_builder import build_model
 from .monitoring import TensorBoardLog, write_loss_svg
-from .predict import complete, generate
+from ..generation import GenerationConfig
+from .predict import check_batch_size, complete, generate, generation_config, read_prompts, run_predict
 from .preflight import callback, preflight
 from .shape import JobShape
 from .step_log import StepLog
@@ -297,16 +298,52 @@ class Trainer:
 
     # ------------------------------------------------------------------ predict
     def generate(self, ids: List[int], max_new_tokens: int = 32) -> List[int]:
-        """Greedy continuation of token ids (single process); returns the new ids only."""
+        """The continuation of token ids (single process, KV cache; greedy unless the generation config
+        samples); returns the new ids only."""
         self._one_process()
-        return generate(self.model, self.tokenizer, int(self.cfg.model.model_config.seq_length), ids, max_new_tokens)
+        config, positions = self.generation_setup({"max_new_tokens": max_new_tokens})
+        return generate(self.model, self.tokenizer, int(self.cfg.model.model_config.seq_length), ids,
+                        max_new_tokens, jit=self.shape.jit, config=config, max_positions=positions)
 
     def predict(self, prompt: str, max_new_tokens: int = 32) -> str:
-        """The prompt followed by its greedy continuation, from the loaded weights (single process)."""
+        """The prompt followed by its continuation, from the loaded weights (single process)."""
         self.setup()
         self._one_process()
+        config, positions = self.generation_setup({"max_new_tokens": max_new_tokens})
         return complete(self.model, self.tokenizer, int(self.cfg.model.model_config.seq_length), prompt,
-                        max_new_tokens)
+                        max_new_tokens, jit=self.shape.jit, config=config, max_positions=positions)
+
+    def generation_setup(self, flags: Optional[dict] = None):
+        """(GenerationConfig, the model's maximum sequence or None): the model folder's generation_config.json
+        and max_position_embeddings (pretrained_model_dir), the YAML's generation keys, then ``flags``."""
+        from ..models.hf.config import read_hf_config
+        model_config = dict(self.cfg.model.model_config)
+        folder_generation, positions = None, model_config.get("max_position_embeddings")
+        folder = self.cfg.get("pretrained_model_dir")
+        if folder:
+            _, hf_config, folder_generation = read_hf_config(folder)
+            positions = hf_config.get("max_position_embeddings") or positions
+        config = generation_config(self.tokenizer, folder_generation, model_config, dict(flags or {}),
+                                   seed=int(self.cfg.seed))
+        return config, (int(positions) if positions else None)
+
+    def predict_all(self, predict_data, batch_size: int = 1, flags: Optional[dict] = None):
+        """``run_mode: predict``: every prompt of ``predict_data`` (strings or a file) in batches, texts to the
+        console, ``predict_results.jsonl`` in the output directory, tokens/s (training/predict.py)."""
+        try:
+            prompts = read_prompts(predict_data)
+            check_batch_size(batch_size, self.shape.dp)
+            GenerationConfig.from_dict(flags)              # bad flag values named before the model is built
+        except ValueError as e:
+            raise ConfigError([str(e)]) from None
+        self.setup()
+        self._one_process()
+        try:
+            config, positions = self.generation_setup(flags)
+            return run_predict(self.model, self.tokenizer, prompts, config, batch_size, jit=self.shape.jit,
+                               max_positions=positions, output_dir=self.output_dir if self.rank == 0 else None)
+        except ValueError as e:
+            raise ConfigError([str(e)]) from None
 
     def _one_process(self) -> None:
         if self.world != 1:
