@@ -318,3 +318,29 @@ def test_bad_data_is_named_before_anything_trains(tmp_path, capsys, records, cas
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not os.path.exists(out / "loss.jsonl")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2],
+     "train_dataset.data_loader.type = 'HFDataLoader' feeds ['loss_mask', 'position_ids', 'segment_ids'] with "
+     "parallel_config.pipeline_stage = 2: the pipeline runtime passes only input_ids and labels"),
+    (["--parallel_config.context_parallel", 2],
+     "feeds position_ids/segment_ids with context_parallel = 2: explicit positions and packed-document masks"),
+    (["--parallel_config.data_parallel", 2, "--pretrained_model_dir", "''", "--load_checkpoint", "''",
+      "--model.model_config.num_layers", 2,
+      "--model.model_config.hidden_size", 32, "--model.model_config.num_heads", 4,
+      "--model.model_config.vocab_size", 320],
+     "'HFDataLoader': the handlers need the model's tokenizer; give pretrained_model_dir"),
+    (["--parallel_config.data_parallel", 2, "--train_dataset.data_loader.handler",
+      "[{type: take, n: 5}, {type: PackingHandler}]"],
+     "handler[1] (type PackingHandler): packs tokenized documents, so it comes after the tokenizing handler"),
+])
+def test_what_the_data_cannot_feed_is_named_by_check_config(tmp_path, capsys, extra, message):
+    import run_mindformer
+    code = run_mindformer.main(["--config", YAML, "--pretrained_model_dir", FOLDER, "--load_checkpoint", FOLDER,
+                                "--parallel_config.model_parallel", "1", "--parallel_config.pipeline_stage", "1",
+                                "--model.model_config.compute_dtype", "float32", "--model.model_config.seq_length",
+                                "256", "--train_dataset.data_loader.path", ALPACA, "--output_dir", str(tmp_path),
+                                *map(str, extra), "--check_config", "--worker_num", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err

@@ -299,6 +299,8 @@ class _Checks:
         from ..models import get_model_spec
         found.tokenizer_kind = get_model_spec(cfg.model.arch.type).tokenizer
         found.tokenizer_file = self.tokenizer_file()
+        if not shape.predicting and cfg.train_dataset.type == "hf":
+            self.hf_tokenizer_and_lengths()
         found.eval_files = self.eval_files() if not shape.predicting else None
         if shape.sharded_dp and shape.pp > 1 and shape.accumulate > 1:
             errors.append(f"runner_config.gradient_accumulation_steps = {shape.accumulate}: with pipeline_stage > 1 "
@@ -385,11 +387,11 @@ class _Checks:
             keys = []
         extra = [k for k in keys if k not in ("input_ids", "labels")]
         if extra and shape.pp > 1:
-            self.errors.append(f"train_dataset.type = 'hf' feeds {extra} with parallel_config.pipeline_stage = "
+            self.errors.append(f"train_dataset.data_loader.type = 'HFDataLoader' feeds {extra} with parallel_config.pipeline_stage = "
                                f"{shape.pp}: the pipeline runtime passes only input_ids and labels between stages; "
                                "fine-tune with pipeline_stage 1")
         if shape.cp > 1 and any(k in keys for k in ("position_ids", "segment_ids")):
-            self.errors.append(f"train_dataset.type = 'hf' feeds position_ids/segment_ids with context_parallel = "
+            self.errors.append(f"train_dataset.data_loader.type = 'HFDataLoader' feeds position_ids/segment_ids with context_parallel = "
                                f"{shape.cp}: explicit positions and packed-document masks need the whole sequence "
                                "on one rank; use context_parallel 1")
         path, files = ds.get("path"), ds.get("data_files")
@@ -409,6 +411,22 @@ class _Checks:
                                f"{target}); data sets are not downloaded here: download it first (e.g. "
                                "huggingface-cli download NAME --repo-type dataset --local-dir DIR) and give that path")
         return [target]
+
+    def hf_tokenizer_and_lengths(self) -> None:
+        """HFDataLoader tokenizes with a given tokenizer (the model folder's, or tokenizer_file), never one
+        trained on the fine-tuning records; a handler seq_length longer than the model's is noted."""
+        cfg = self.cfg
+        if not os.path.isfile(self.found.tokenizer_file):
+            self.errors.append("train_dataset.data_loader.type = 'HFDataLoader': the handlers need the model's tokenizer; "
+                               "give pretrained_model_dir (a Hugging Face folder with tokenizer.json) or "
+                               "train_dataset.tokenizer_file")
+        seq = int(cfg.model.model_config.seq_length)
+        handlers = cfg.train_dataset.get("handler") or []
+        for i, h in enumerate(handlers if isinstance(handlers, list) else []):
+            if isinstance(h, dict) and isinstance(h.get("seq_length"), int) and h["seq_length"] > seq:
+                self.found.warnings.append(f"train_dataset.data_loader.handler[{i}].seq_length = {h['seq_length']}: "
+                                           f"rows are model.model_config.seq_length = {seq} tokens (documents cut "
+                                           "to it)")
 
     def megatron_prefixes(self) -> List[str]:
         """Megatron .bin/.idx data (BlendedMegatronDatasetDataLoader): the prefixes of data_path, each
