@@ -257,7 +257,7 @@ def test_one_packed_row_equals_the_documents_as_padded_rows(tok, records, mode):
     loss_a, grads_a = _grads(m, apart, mode)
     assert loss_p == pytest.approx(loss_a, rel=1e-5)
     worst = max(float(np.abs(x - y).max() / (np.abs(y).max() + 1e-12)) for x, y in zip(grads_p, grads_a))
-    assert worst < 1e-4, worst
+    assert worst < 1e-5, worst                    # measured 5.1e-7 (PyNative), 5.7e-7 (jit); the loss bitwise
     # without segment ids B's tokens see A's: another loss (the mask is what separates them)
     leaky = {k: v for k, v in packed.items() if k != "segment_ids"}
     assert abs(_grads(m, leaky, "pynative")[0] - loss_a) > 1e-4
