@@ -1,7 +1,7 @@
 """Hugging Face weights loaded straight onto a parallel layout: each rank reads only what it holds.
 
 The targets are what the job needs -- per parameter of ours, its global shape and layout (the same
-``{name: (global_shape, layout)}`` the distributed-checkpoint loader takes). For each one the rank's region
+``{name: (global_shape, layout)}`` the trainer-checkpoint loader takes). For each one the rank's region
 (``layout.local_slice``) is read through the family's name table (``models/state_dict.py``): a transposed
 projection reads the transposed slice, a stacked expert weight reads only this rank's experts
 (expert parallelism), a pipeline stage only its layers' tensors. Peak memory per rank is therefore near
