@@ -19,27 +19,25 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from ..common.graphs import compile_blocking
-from ..transformer.kv_cache import cache_mask
+from ..transformer.kv_cache import CacheMask
 from .cache import attach_kv_cache, detach_kv_cache, reattach
 from .config import GenerationConfig
 from .sampling import TokenChooser, uniform_noise
 
 
 class CachedStep(nn.Cell):
-    """``(input_ids (b, s), position_ids (b, s), cache_slots (s,), kv_valid (b, L)) -> logits``: (b, vocab) of
-    the last column (``last_only``), else (b, s, vocab)."""
+    """``(input_ids (b, s), position_ids (b, s), cache_slots (s,), kv_valid (b, L)) -> logits (b, s, vocab)`` against
+    the model's KV caches (the generator reads the last column). Every op here is one the sharding pass
+    follows, so the step can be parallelized like the model (``Generator(parallel_config=...)``)."""
 
-    def __init__(self, model, last_only: bool = True):
+    def __init__(self, model):
         super().__init__()
         self.model = model
-        self.last_only = last_only
+        self.cache_mask = CacheMask()
 
     def construct(self, input_ids, position_ids, cache_slots, kv_valid):
-        mask = cache_mask(cache_slots, kv_valid)
-        logits = self.model.decode(input_ids, position_ids, cache_slots, mask, self.last_only)
-        if self.last_only:
-            return logits[:, 0, :]
-        return logits
+        mask = self.cache_mask(cache_slots, kv_valid)
+        return self.model.decode(input_ids, position_ids, cache_slots, mask, False)
 
 
 @dataclass
@@ -95,15 +93,16 @@ class Generator:
     """``Generator(model, config, jit=False).generate(prompts) -> (results, stats)`` for a GPTModel-family model
     on one process. ``max_positions``: the model's maximum sequence (prompt + new tokens), checked first."""
 
-    def __init__(self, model, config: GenerationConfig, jit: bool = False, max_positions: Optional[int] = None):
+    def __init__(self, model, config: GenerationConfig, jit: bool = False, max_positions: Optional[int] = None,
+                 parallel_config=None):
+        self.parallel_config = parallel_config     # a TransformerConfig with parallel sizes: shard the step
         self.model = model
         self.config = config
         self.jit = bool(jit)
         self.max_positions = max_positions
         self.vocab_size = int(model.config.vocab_size)
         self.chooser = TokenChooser(config, self.vocab_size)
-        self.step = CachedStep(model, last_only=True)
-        self.full_step = CachedStep(model, last_only=False)
+        self.step = CachedStep(model)
         self._shape = None
         self._caches = None
         self._compiled = {}
@@ -112,9 +111,6 @@ class Generator:
     # the functions jit compiles (plain methods: ms.jit parses their source)
     def _step_fn(self, input_ids, position_ids, cache_slots, kv_valid):
         return self.step(input_ids, position_ids, cache_slots, kv_valid)
-
-    def _full_fn(self, input_ids, position_ids, cache_slots, kv_valid):
-        return self.full_step(input_ids, position_ids, cache_slots, kv_valid)
 
     def _choose_fn(self, logits, presence, banned, uniform):
         return self.chooser(logits, presence, banned, uniform)
@@ -144,18 +140,29 @@ class Generator:
     def prepare(self, batch_size: int, length: int):
         """Caches of ``length`` slots for ``batch_size`` rows on the model (reused when the shape repeats)."""
         if self._shape != (batch_size, length):
+            if self.parallel_config is not None and self._shape is not None:
+                raise ValueError(f"generate: a parallel generator keeps the shape it was sharded for (batch "
+                                 f"{self._shape[0]}, {self._shape[1]} cache slots); got batch {batch_size}, {length} "
+                                 "slots: build another Generator")
             self._caches = attach_kv_cache(self.model, batch_size, length)
             self._shape = (batch_size, length)
             self._compiled = {}
-        else:
-            reattach(self.model, self._caches)
+            return True
+        reattach(self.model, self._caches)
+        return False
+
+    def shard(self, ids, positions, valid):
+        """Parallelize the step (its model and caches) from the prefill's global shapes; logits replicated."""
+        from ..sharding.parallelizer import mesh_layout, parallelize
+        base = mesh_layout(self.parallel_config, None)
+        parallelize(self.step, self.parallel_config, ids, positions, np.arange(ids.shape[1], dtype=np.int32),
+                    valid, output_layouts=[base("None", "None", "None")])
 
     def _fn(self, name):
         if not self.jit:
-            return self._step_fn if name == "step" else self._full_fn
+            return self._step_fn
         if name not in self._compiled:
-            fn = self._step_fn if name == "step" else self._full_fn
-            self._compiled[name] = compile_blocking(fn, cells=[self.model])
+            self._compiled[name] = compile_blocking(self._step_fn, cells=[self.model])
         return self._compiled[name]
 
     def run_step(self, name, ids, positions, slots, valid):
@@ -174,8 +181,11 @@ class Generator:
         length = width + new
         was_training = self.model.training
         self.model.set_train(False)
-        self.prepare(b, length)
+        fresh = self.prepare(b, length)
         try:
+            if fresh and self.parallel_config is not None:
+                valid = (np.arange(length)[None, :] >= starts[:, None]).astype(np.int32)
+                self.shard(ids, positions, valid)
             return self._generate(prompts, ids, positions, starts, new, length, streamer)
         finally:
             detach_kv_cache(self.model)
@@ -196,8 +206,7 @@ class Generator:
         rng = np.random.default_rng(cfg.seed)
         stats = GenerationStats(prefill_tokens=int(sum(len(p) for p in prompts)))
         t0 = time.perf_counter()
-        logits = self.run_step("step", ids, positions, np.arange(width), valid)
-        logits.asnumpy()
+        logits = Tensor(self.run_step("step", ids, positions, np.arange(width), valid).asnumpy()[:, -1, :])
         stats.prefill_seconds = time.perf_counter() - t0
         new_ids = [[] for _ in range(b)]
         finished = np.zeros(b, bool)
@@ -225,7 +234,8 @@ class Generator:
             if finished.all() or t == new - 1:
                 break
             s0 = time.perf_counter()
-            logits = self.run_step("step", tokens[:, None], (lengths + t)[:, None], np.array([width + t]), valid)
+            logits = Tensor(self.run_step("step", tokens[:, None], (lengths + t)[:, None], np.array([width + t]),
+                                          valid).asnumpy()[:, -1, :])
             stats.step_seconds.append(time.perf_counter() - s0)
             stats.decode_steps += 1
         stats.decode_seconds = time.perf_counter() - t_decode

@@ -177,11 +177,11 @@ class SelfAttention(nn.Cell):
 
     def cached(self, q, k, v, position_ids, cache_slots, kv_mask):
         """Generation: q/k rotated by ``position_ids`` (b, s), k and v written into the cache at ``cache_slots``
-        (s,), q attending to the whole cache under ``kv_mask`` (b, 1, s, L) (``kv_cache.cache_mask``)."""
+        (s,), q attending to the whole cache under ``kv_mask`` (b, 1, s, L) (``kv_cache.CacheMask``); the
+        cache's attention is ``DotProductAttention``'s math (a ``spec.core`` replacement is not used here)."""
         q = ops.transpose(self.kv_cache.rotary(q, position_ids), (0, 2, 1, 3))
         k = ops.transpose(self.kv_cache.rotary(k, position_ids), (0, 2, 1, 3))
-        keys, values = self.kv_cache(k, ops.transpose(v, (0, 2, 1, 3)), cache_slots)
-        return self.linear_proj(self.core_attention(q, keys, values, kv_mask))
+        return self.linear_proj(self.kv_cache(q, k, ops.transpose(v, (0, 2, 1, 3)), cache_slots, kv_mask))
 
     def rotate(self, x, position_ids):
         """Rotary on (b, s, heads, d): the constant tables, or the angles of ``position_ids``."""

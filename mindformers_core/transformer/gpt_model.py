@@ -114,7 +114,7 @@ class GPTModel(nn.Cell):
         x = self.decoder(x, position_ids, None, cache_slots, kv_mask)
         if self.returns_aux:
             x = x[0]
-        if last_only:
+        if last_only and x.shape[1] > 1:
             x = x[:, -1:, :]
         return self._head(x, None, None)
 

@@ -11,12 +11,15 @@ Writing is a one-hot matmul (exact in float32: one term of 1 * x and zeros) and 
 holds the by-position rotary tables for the ``L`` positions the generation reaches (the model's own
 tables are built for its training ``seq_length``).
 
-With tensor parallelism the key/value heads (dim 1) are split: the ``kv_cache`` sharding rule keeps each
-rank's slice of the cache beside its slice of the heads.
+``KVCache`` is one op for the sharding pass (``kv_cache_attention``: write the cache, then attend to it):
+with tensor parallelism the heads are split and each rank holds the cache slice of its key/value heads
+(``sharding/rules/kv_cache.py``). ``CacheMask`` (``kv_cache_mask``) builds the additive mask (b, 1, s, L)
+from the slots and the valid key slots, once per step.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -28,21 +31,26 @@ MASK_VALUE = -1.0e9
 
 
 class KVCache(nn.Cell):
-    """``(k (b, g, s, d), v (b, g, s, dv), cache_slots (s,)) -> (keys (b, g, L, d), values (b, g, L, dv))``:
-    the new keys and values written at ``cache_slots``, the whole cache returned (and stored)."""
-    sharding_op = "kv_cache"
+    """``(q (b, n, s, d), k (b, g, s, d), v (b, g, s, dv), cache_slots (s,), mask (b, 1, s, L)) -> (b, s, n * dv)``:
+    k and v written into the cache at ``cache_slots`` (and stored), then softmax(q K^T / sqrt(d) + mask) V
+    over the whole cache (the math of ``DotProductAttention``, keys L instead of s)."""
+    sharding_op = "kv_cache_attention"
     sharding_params = ("key_cache", "value_cache")
 
     def __init__(self, config: TransformerConfig, batch_size: int, max_length: int, name: str = "kv_cache",
-                 value_dim: int = None):
+                 value_dim: int = None, softmax_dim: int = None):
         super().__init__()
         g, d = config.query_groups, config.head_dim
         dv = d if value_dim is None else value_dim
         self.max_length = int(max_length)
+        self.repeat = config.num_attention_heads // config.query_groups
+        self.scale = 1.0 / math.sqrt(d if softmax_dim is None else softmax_dim)
+        self.compute_dtype = config.ms_compute_dtype
+        self.low_precision = config.compute_dtype != "float32"   # softmax in float32 either way
         dtype = config.ms_compute_dtype
-        self.key_cache = Parameter(Tensor(ops.zeros((batch_size, g, self.max_length, d), dtype)),
+        self.key_cache = Parameter(ops.zeros((batch_size, g, self.max_length, d), dtype),
                                    name=f"{name}.key_cache", requires_grad=False)
-        self.value_cache = Parameter(Tensor(ops.zeros((batch_size, g, self.max_length, dv), dtype)),
+        self.value_cache = Parameter(ops.zeros((batch_size, g, self.max_length, dv), dtype),
                                      name=f"{name}.value_cache", requires_grad=False)
         positions = max(self.max_length, config.max_positions)
         self.rotary = PositionRotary(dataclasses.replace(config, max_position_embeddings=positions))
@@ -53,7 +61,23 @@ class KVCache(nn.Cell):
     def shard(self, config):
         return None, None, None
 
-    def construct(self, k, v, cache_slots):
+    def construct(self, q, k, v, cache_slots, mask):
+        keys, values = self.write(k, v, cache_slots)
+        b, s = q.shape[0], q.shape[2]
+        if self.repeat > 1:
+            keys = ops.repeat_interleave(keys, self.repeat, 1)
+            values = ops.repeat_interleave(values, self.repeat, 1)
+        scores = ops.matmul(q, ops.transpose(keys, (0, 1, 3, 2)))
+        if self.low_precision:
+            scores = ops.cast(scores, ms.float32)
+        probs = ops.softmax(scores * self.scale + mask, axis=-1)
+        if self.low_precision:
+            probs = ops.cast(probs, self.compute_dtype)
+        ctx = ops.matmul(probs, values)
+        return ops.transpose(ctx, (0, 2, 1, 3)).reshape(b, s, -1)
+
+    def write(self, k, v, cache_slots):
+        """The cache with k, v (b, g, s, d) written at slots ``cache_slots`` (s,); stored and returned."""
         slots = ops.cast(cache_slots, ms.int32)
         onehot = ops.cast(ops.expand_dims(slots, 1) == ops.expand_dims(ops.arange(self.max_length, dtype=ms.int32), 0),
                           k.dtype)                                            # (s, L)
@@ -68,9 +92,25 @@ class KVCache(nn.Cell):
         return keys, values
 
 
+class CacheMask(nn.Cell):
+    """``(cache_slots (s,), kv_valid (b, L)) -> (b, 1, s, L)`` additive float32 mask: 0 where the key slot
+    holds a real token (``kv_valid`` = 1) and is not after the query's slot, ``MASK_VALUE`` elsewhere. One op
+    for the sharding pass (``kv_cache_mask``): the batch may be split."""
+    sharding_op = "kv_cache_mask"
+    sharding_params = ()
+
+    def sharding_attrs(self) -> dict:
+        return {}
+
+    def shard(self, config):
+        return None, None, None
+
+    def construct(self, cache_slots, kv_valid):
+        return cache_mask(cache_slots, kv_valid)
+
+
 def cache_mask(cache_slots, kv_valid):
-    """Additive float32 mask (b, 1, s, L): 0 where the key slot holds a real token (``kv_valid`` (b, L) = 1)
-    and is not after the query's slot (``cache_slots`` (s,)), ``MASK_VALUE`` elsewhere."""
+    """The ``CacheMask`` computation (a plain function)."""
     length = kv_valid.shape[-1]
     slots = ops.cast(cache_slots, ms.int32)
     causal = ops.expand_dims(ops.arange(length, dtype=ms.int32), 0) <= ops.expand_dims(slots, 1)     # (s, L)
