@@ -213,3 +213,13 @@ def test_prompt_longer_than_the_model_is_named_before_running():
     with pytest.raises(ValueError, match="prompt 1 has 70 tokens, more than the model's maximum 64"):
         gen.generate([[5] * 3, [5] * 70])
     assert not [p for p in model.get_parameters() if "kv_cache" in p.name]
+
+
+@pytest.mark.parametrize("key", ["pipeline_model_parallel_size", "expert_model_parallel_size", "data_parallel_size"])
+def test_parallel_generation_names_what_it_does_not_run(key):
+    import dataclasses
+    model, _, _, _ = fixture("qwen3_moe")
+    config = dataclasses.replace(model.config, tensor_model_parallel_size=2)
+    object.__setattr__(config, key, 2)
+    with pytest.raises(ValueError, match=f"{key} = 2 is not supported"):
+        Generator(model, GenerationConfig(), parallel_config=config)

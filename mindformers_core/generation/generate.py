@@ -76,6 +76,19 @@ class GenerationStats:
                 "decode_tokens_per_s": round(self.decode_tokens_per_s, 2)}
 
 
+def check_parallel(config) -> None:
+    """Parallel generation shards heads and MLP (tensor parallel) only; the other axes are named."""
+    bad = [f"{key} = {getattr(config, key)}" for key, why in (
+        ("data_parallel_size", ""), ("pipeline_model_parallel_size", ""), ("context_parallel_size", ""),
+        ("expert_model_parallel_size", "")) if (getattr(config, key, 1) or 1) > 1]
+    if bad or getattr(config, "sequence_parallel", False):
+        bad += ["sequence_parallel = True"] if getattr(config, "sequence_parallel", False) else []
+        raise ValueError("parallel generation runs tensor parallel only (heads, MLP and vocabulary split; each rank "
+                         f"its KV-cache slice): {', '.join(bad)} is not supported; generate on tp ranks with "
+                         "data/pipeline/context/expert parallel sizes 1 (a stage-split or sequence-split KV cache is "
+                         "not designed)")
+
+
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int):
     """(ids (b, P) int32, position_ids (b, P) int32, first real column per row (b,))."""
     lengths = [len(p) for p in prompts]
@@ -96,6 +109,8 @@ class Generator:
     def __init__(self, model, config: GenerationConfig, jit: bool = False, max_positions: Optional[int] = None,
                  parallel_config=None):
         self.parallel_config = parallel_config     # a TransformerConfig with parallel sizes: shard the step
+        if parallel_config is not None:
+            check_parallel(parallel_config)
         self.model = model
         self.config = config
         self.jit = bool(jit)
