@@ -16,7 +16,6 @@ from mindspore import nn, ops
 from ..distributed.comm import kernels as K
 from ..distributed.comm.autograd import AllReduceExtremum, Differentiable, Identity
 from ..distributed.comm.kernels import CommCell
-from .rules.registry import KernelError, KernelSite, register_local_kernel
 
 
 class VocabParallelLookup(CommCell):
@@ -70,21 +69,3 @@ class VocabParallelCrossEntropyKernel(CommCell):
         if self.reduction == "sum":
             return loss.sum()
         return loss
-
-
-# The context-parallel attention kernel of the rule in rules/attention.py (``scaled_dot_product_attention``
-# with the sequence split over cp). Registered here for now; its place is next to that rule.
-@register_local_kernel("context_parallel_attention")
-def context_parallel_attention_kernel(site: KernelSite):
-    """Ring / Ulysses / hybrid attention over the context-parallel groups (``context_parallel``)."""
-    from .context_parallel import ContextParallelAttention, cp_groups
-    from .dtensor import device_mesh_of
-    a = site.attrs
-    ring, ulysses = cp_groups(device_mesh_of(site.result.inputs[0]), a["seq_axes"], a["algorithm"],
-                              a["ulysses_degree"], site.rank)
-    scale = getattr(site.cell, "scale", None)
-    if scale is None:
-        raise KernelError("the attention Cell needs a `scale` attribute (1/sqrt(head_dim))")
-    if getattr(site.cell, "use_dropout", False):
-        raise KernelError("attention_dropout > 0 is not supported with context parallelism")
-    return ContextParallelAttention(site.cell, ring, ulysses, a["local_q"], a["local_kv"], scale, a["load_balance"])

@@ -20,7 +20,7 @@ additive mask ``(b, 1, s, s)``) keeps the batch split and needs the whole sequen
 from __future__ import annotations
 
 from .common import common_mesh_layout, expect_inputs, make_layout
-from .registry import LocalKernel, RuleError, RuleResult, register_rule
+from .registry import KernelError, KernelSite, LocalKernel, RuleError, RuleResult, register_local_kernel, register_rule
 
 
 @register_rule("scaled_dot_product_attention", "core_attention")
@@ -92,3 +92,19 @@ def attention_mask(layouts, shapes):
     b_axes = src.dims[0]
     req = make_layout(mesh, (b_axes, ()))
     return RuleResult((make_layout(mesh, (b_axes, (), (), ())),), (req,) * len(layouts))
+
+
+@register_local_kernel("context_parallel_attention")
+def context_parallel_attention_kernel(site: KernelSite):
+    """Ring / Ulysses / hybrid attention over the context-parallel groups (``context_parallel``)."""
+    from ..context_parallel import ContextParallelAttention, cp_groups
+    from ..dtensor import device_mesh_of
+    a = site.attrs
+    ring, ulysses = cp_groups(device_mesh_of(site.result.inputs[0]), a["seq_axes"], a["algorithm"],
+                              a["ulysses_degree"], site.rank)
+    scale = getattr(site.cell, "scale", None)
+    if scale is None:
+        raise KernelError("the attention Cell needs a `scale` attribute (1/sqrt(head_dim))")
+    if getattr(site.cell, "use_dropout", False):
+        raise KernelError("attention_dropout > 0 is not supported with context parallelism")
+    return ContextParallelAttention(site.cell, ring, ulysses, a["local_q"], a["local_kv"], scale, a["load_balance"])
