@@ -273,3 +273,19 @@ def test_global_norm_weights_and_replication():
     assert replication_weights([w, ln], {"tp": 4, "dp": 2}) == (0.5, 0.125)
     with pytest.raises(ValueError, match="max_norm=0 must be a number > 0"):
         ClipGradNorm(0)
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_a_skipped_first_step_leaves_the_weights_as_they_were(fused):
+    """The guard skipping the very first step (global_step 0): weights, moments and the counter unchanged, no
+    NaN from the bias corrections of step 0 (1 - beta^0 = 0)."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+    from mindformers_core.optim import AdamW
+    p = Parameter(Tensor(np.array([1.0, -2.0], np.float32)), name="p")
+    opt = AdamW([p], 0.1, fused=fused)
+    opt((Tensor(np.array([0.5, 0.5], np.float32)),), Tensor(False))
+    assert p.asnumpy().tolist() == [1.0, -2.0] and int(opt.global_step.asnumpy()) == 0
+    assert not np.isnan(opt.moment1[0].asnumpy()).any()
+    opt((Tensor(np.array([0.5, 0.5], np.float32)),), Tensor(True))
+    assert int(opt.global_step.asnumpy()) == 1 and np.isfinite(p.asnumpy()).all() and p.asnumpy()[0] < 1.0

@@ -162,7 +162,9 @@ class AdamW(Optimizer):
             step = self.global_step + ops.cast(ok, ms.int32)
         lr = self.learning_rate(step - 1 if ok is None else self.global_step * 1)
         ops.assign(self.global_step, step)
-        t = ops.cast(step, ms.float32)
+        # a skipped first step leaves step 0: 1 - beta^0 = 0 would make the (unused) corrections 0/0 = NaN,
+        # and NaN times a zero rate is NaN in the weights; the corrections of step 1 are as good as any there
+        t = ops.maximum(ops.cast(step, ms.float32), ops.ones((), ms.float32))
         if self.bias_correction:
             c1 = 1.0 - ops.pow(self.beta1, t)
             c2 = 1.0 - ops.pow(self.beta2, t)
