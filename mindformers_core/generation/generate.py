@@ -219,9 +219,10 @@ class Generator:
         if eos.size:
             eos_ban[:, eos] = 1.0
         rng = np.random.default_rng(cfg.seed)
+        plain_greedy = not cfg.do_sample and float(cfg.repetition_penalty) == 1.0
         stats = GenerationStats(prefill_tokens=int(sum(len(p) for p in prompts)))
         t0 = time.perf_counter()
-        logits = Tensor(self.run_step("step", ids, positions, np.arange(width), valid).asnumpy()[:, -1, :])
+        logits = self.run_step("step", ids, positions, np.arange(width), valid).asnumpy()[:, -1, :]
         stats.prefill_seconds = time.perf_counter() - t0
         new_ids = [[] for _ in range(b)]
         finished = np.zeros(b, bool)
@@ -232,8 +233,11 @@ class Generator:
         for t in range(new):
             banned = eos_ban if t < cfg.min_new_tokens else no_ban
             noise = uniform_noise(rng, (b, self.vocab_size)) if cfg.do_sample else no_ban
-            tokens, _ = self._choose(logits, Tensor(presence), Tensor(banned), Tensor(noise))
-            tokens = tokens.asnumpy().astype(np.int64)
+            if plain_greedy and t >= cfg.min_new_tokens:
+                tokens = logits.argmax(-1).astype(np.int64)          # the argmax: no graph launch needed
+            else:
+                tokens, _ = self._choose(Tensor(logits), Tensor(presence), Tensor(banned), Tensor(noise))
+                tokens = tokens.asnumpy().astype(np.int64)
             active = ~finished
             tokens = np.where(active, tokens, pad)
             for i in np.nonzero(active)[0]:
@@ -249,8 +253,8 @@ class Generator:
             if finished.all() or t == new - 1:
                 break
             s0 = time.perf_counter()
-            logits = Tensor(self.run_step("step", tokens[:, None], (lengths + t)[:, None], np.array([width + t]),
-                                          valid).asnumpy()[:, -1, :])
+            logits = self.run_step("step", tokens[:, None], (lengths + t)[:, None], np.array([width + t]),
+                                   valid).asnumpy()[:, -1, :]
             stats.step_seconds.append(time.perf_counter() - s0)
             stats.decode_steps += 1
         stats.decode_seconds = time.perf_counter() - t_decode
