@@ -25,6 +25,7 @@ LAYERS: Dict[str, int] = {
     "sharding": 2,
     "transformer": 3, "optim": 3, "data": 3, "checkpoint": 3,
     "models": 4, "pipeline": 4, "recompute": 4, "hsdp": 4, "generation": 4,   # training (5) runs predict on it
+    "peft": 4,                                       # LoRA adapters over the parallel linears
     "training": 5,
     "testing": 6, "examples": 6,
 }

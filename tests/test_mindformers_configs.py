@@ -314,7 +314,7 @@ BAD = [   # (file, extra argv, the message line expected, in part)
     (PYN, ["--parallelism.tensor_parallel", 3], "parallelism = data_parallel_shard 1 x tensor_parallel 3 x "
                                                 "context_parallel 1 x pipeline_parallel 1 = 3: must equal the "
                                                 "worker count 1"),
-    (PYN, ["--lora_config.lora_rank", 8], "LoRA fine-tuning is not implemented"),
+    (PYN, ["--lora_config.lora_rank", 8], "lora_config.target_modules = None: name the layers to adapt"),
     (LLAMA2, ["--modal_type", "image"], "--modal_type image: only text prompts are supported here"),
 ]
 

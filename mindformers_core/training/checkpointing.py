@@ -59,6 +59,18 @@ def state_params_of(chunks) -> List:
     return [router.expert_bias for chunk in chunks for _, router in routers_of(chunk) if router.use_bias]
 
 
+def lora_checkpoint_args(cfg, chunks) -> Dict[str, Any]:
+    """Checkpointer arguments of a LoRA run (none without LoRA): the frozen base parameters and where their
+    values come from when a checkpoint holds adapters only (``pretrained_model_dir`` or the HF folder /
+    checkpoint given as ``load_checkpoint``)."""
+    from ..peft import frozen_params
+    frozen = frozen_params(chunks)
+    if not frozen:
+        return {}
+    from .export_hf import lora_base_source
+    return {"frozen": frozen, "base_source": lora_base_source(cfg)}
+
+
 def _saved_names(root: str, step, adapter=None) -> set:
     """Names of the parameters a checkpoint step (or a single file, ``root == "file"``, or a Hugging Face
     folder, ``root == "hf"``, read through the family's ``adapter``) holds."""
@@ -88,8 +100,13 @@ class Checkpointer:
     def __init__(self, directory: str, rank: int, world: int, params: List, dp: int, dp_rank: int,
                  optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
                  log: Callable[[str], None] = print, async_save: bool = False, fallback: bool = False,
-                 state_params: Sequence = (), copies: Sequence = (), hf_adapter=None):
+                 state_params: Sequence = (), copies: Sequence = (), hf_adapter=None, frozen: Sequence = (),
+                 base_source: Optional[str] = None):
         self.directory, self.rank, self.world = directory, rank, world
+        # LoRA (``lora_checkpoint_args``): the frozen base weights are not saved (the adapter checkpoint is
+        # small); a load takes them from the source when it holds them, else from ``base_source`` (the
+        # model folder or checkpoint the run started from)
+        self.frozen, self.base_source = list(frozen), base_source
         self.hf_adapter = hf_adapter    # the model family's Hugging Face name table (load_checkpoint: an HF folder)
         # DualPipe's up copy (``BuiltModel.copies``): parameters named as the down copy of the same model
         # stage on another pipeline rank, equal to it with equal AdamW moments (the two copies take the
@@ -180,6 +197,12 @@ class Checkpointer:
             step = self._intact_step(root, step)
         targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in self.params}
         where = f"load_checkpoint = {directory!r}"
+        params, frozen = self.params, []
+        if self.frozen:          # LoRA: adapters absent from the source (a base model) keep their initial values
+            saved = _saved_names(root, step, self.hf_adapter)
+            params = [p for p in self.params if p.name in saved]
+            frozen = [p for p in self.frozen if p.name in saved]
+            targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in params + frozen}
         try:
             state = []
             if self.state_params:        # checkpoints written before the expert bias was saved have none
@@ -197,8 +220,11 @@ class Checkpointer:
             else:
                 values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
             with self.full_weights():
-                for p in self.params + state:    # set_data: ops.assign checks a sliced Parameter against its
+                for p in params + frozen + state:   # set_data: ops.assign checks a sliced Parameter against its
                     set_parameter(p, values[p.name])  # full shape once communication is initialised
+            if len(frozen) < len(self.frozen):
+                have = {id(p) for p in frozen}
+                self._load_base([p for p in self.frozen if id(p) not in have])
             if not resume:
                 if self.rank == 0:
                     self.log(f"loaded weights from {step if root == 'hf' else directory}" +
@@ -229,6 +255,35 @@ class Checkpointer:
         self._restore_data(state, where)
         return trained
 
+    def _load_base(self, missing: List) -> None:
+        """LoRA: the frozen base weights a checkpoint does not hold (an adapter checkpoint), from
+        ``base_source``."""
+        if self.base_source is None:
+            if self.rank == 0:
+                self.log(f"WARNING: LoRA: no base weights for {missing[0].name} (nor {len(missing) - 1} more): give "
+                         "the base model as pretrained_model_dir; they keep their initial values")
+            return
+        root, step = resolve_checkpoint(self.base_source)
+        targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in missing}
+        try:
+            if root == "hf":
+                values = self._load_hf(step, targets)
+            elif root == "file":
+                values = shard_single_file(step, targets, self.rank, strict=False)
+            else:
+                values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
+        except CheckpointError as e:
+            raise ConfigError([f"LoRA base weights from {self.base_source!r}: {e}"]) from None
+        absent = [p.name for p in missing if p.name not in values]
+        if absent:
+            raise ConfigError([f"LoRA base weights from {self.base_source!r}: no {absent[0]}" +
+                               (f" (nor {len(absent) - 1} more)" if len(absent) > 1 else "")])
+        with self.full_weights():
+            for p in missing:
+                set_parameter(p, values[p.name])
+        if self.rank == 0:
+            self.log(f"LoRA: {len(missing)} frozen base weights loaded from {self.base_source}")
+
     def _load_hf(self, folder_path: str, targets) -> Dict[str, np.ndarray]:
         """This rank's region of every target from a Hugging Face folder, through the family's table, cast
         to the parameters' dtypes. A problem (a missing tensor, a shape the config does not give) is a
@@ -244,7 +299,7 @@ class Checkpointer:
             values = load_hf_weights(folder, self.hf_adapter, targets, self.rank)
         except FolderError as e:
             raise ConfigError([f"{where}: {e}"]) from None
-        dtypes = {p.name: ms.dtype_to_nptype(p.dtype) for p in self.params + self.state_params}
+        dtypes = {p.name: ms.dtype_to_nptype(p.dtype) for p in self.params + self.state_params + self.frozen}
         values = {k: v.astype(dtypes.get(k, v.dtype), copy=False) for k, v in values.items()}
         if self.rank == 0 and self.world == 1:
             extra = unused_tensors(folder, self.hf_adapter, list(targets))

@@ -223,6 +223,17 @@ class _Translation:
         _set(self.out, target, value)
 
     # ---- model keys (both dialects) ----------------------------------------------------------------
+    def lora(self, value: Any, user: str) -> None:
+        """LoRA settings (graph ``model.model_config.pet_config``, PyNative ``lora_config``): checked here, before
+        any process group, then kept as ``model.model_config.pet_config`` (peft/config.py reads both spellings)."""
+        from ..peft.config import LoraConfigError, parse_lora
+        try:
+            parse_lora(value, user)
+        except LoraConfigError as e:
+            self.errors.append(str(e))
+            return
+        self.put("model.model_config.pet_config", dict(value, pet_type="lora"), user)
+
     def model(self, keys: Dict[str, Any], prefix: str, own: Iterable[str]) -> None:
         """``keys`` of one model section (``model.model_config`` or PyNative ``model``)."""
         own = set(own)
@@ -236,6 +247,8 @@ class _Translation:
             elif name == "use_flash_attention" and value is True:
                 self.put("model.model_config.use_flash_attention", value, user)
                 self.skip(user, K.UNFUSED)
+            elif name == "pet_config" and value is not None:
+                self.lora(value, user)
             elif name == K.AUTO_REGISTER:
                 self.auto_register_config = (user, value)
             elif name == K.PRE_SOFTMAX:
@@ -711,8 +724,8 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
             t.skip(path, _match(path, K.PYNATIVE_NOT_APPLIED))
         else:
             t.errors.append(unknown(path, value, PYNATIVE))
-    if raw.get("lora_config") is not None:
-        t.errors.append(f"lora_config = {raw['lora_config']!r}: LoRA fine-tuning is not implemented; remove it")
+    if raw.get("lora_config") is not None:      # LoRA (PEFT's spelling): the graph dialect's pet_config
+        t.lora(raw["lora_config"], "lora_config")
     if "eval_dataset" in raw:
         t.out["eval_dataset"] = raw["eval_dataset"]                # our own section, schema-checked
     model = raw.get("model")

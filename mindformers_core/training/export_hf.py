@@ -93,6 +93,10 @@ def export_checkpoint(cfg: Config, checkpoint: str, output: str, step="latest", 
     except CheckpointError as e:
         raise ConfigError([f"checkpoint = {checkpoint!r}: {e}"]) from None
     state = {k: v for k, v in state.items() if not _is_state(k)}
+    lora = _lora_of(cfg)
+    if lora is not None:            # an adapter checkpoint: base (folder or checkpoint) + the merged deltas
+        from ..peft.export import merge_lora
+        state = merge_lora(lora_base_state(cfg, spec.state_dict_adapter), state, lora.scaling)
     source = _source_folder(cfg)
     from ..models.hf.folder import open_folder
     generation = open_folder(source).generation_config if source else None
@@ -101,6 +105,65 @@ def export_checkpoint(cfg: Config, checkpoint: str, output: str, step="latest", 
     n = sum(int(np.prod(v.shape)) for v in state.values())
     log(f"exported {len(state)} tensors ({n / 1e6:.2f}M parameters) of {root} step {step} as a Hugging Face "
         f"folder: {out}")
+    return out
+
+
+def _lora_of(cfg: Config):
+    raw = dict(cfg.model.model_config).get("pet_config")
+    if raw is None:
+        return None
+    from ..peft import parse_lora
+    return parse_lora(dict(raw), "model.model_config.pet_config")
+
+
+def lora_base_source(cfg: Config) -> Optional[str]:
+    """Where a LoRA run's frozen base weights come from: the model folder (``pretrained_model_dir`` or an HF
+    folder as ``load_checkpoint``), else ``load_checkpoint`` (a full checkpoint or file)."""
+    return _source_folder(cfg) or (cfg.get("load_checkpoint") or None)
+
+
+def lora_base_state(cfg: Config, adapter) -> dict:
+    """The base model's whole tensors under our names (LoRA export: the weights the adapters were trained on)."""
+    from .preflight import resolve_checkpoint
+    source = lora_base_source(cfg)
+    if source is None:
+        raise ConfigError(["LoRA export: no base weights (give pretrained_model_dir or load_checkpoint)"])
+    root, step = resolve_checkpoint(source)
+    if root == "hf":
+        from ..models.hf.folder import open_folder
+        folder = open_folder(step)
+        with folder.reader() as read:
+            hf_state = {name: read(name) for name in folder.tensors}
+        return adapter.from_hf(hf_state)
+    if root == "file":
+        from safetensors.numpy import load_file
+        return load_file(step)
+    return {k: v for k, v in load_checkpoint(root, checkpoint_specs(root, step), rank=0, step=step).items()
+            if not _is_state(k)}
+
+
+def export_peft(cfg: Config, checkpoint: str, output: str, step="latest", log: Callable[[str], None] = print) -> str:
+    """The adapters of a LoRA checkpoint as a PEFT adapter folder (``adapter_model.safetensors`` +
+    ``adapter_config.json``) for ``peft.PeftModel.from_pretrained(hf_base_model, output)``."""
+    from ..peft.export import write_peft_adapter
+    from .preflight import resolve_checkpoint
+    lora = _lora_of(cfg)
+    if lora is None:
+        raise ConfigError(["PEFT adapter export: the config has no LoRA (model.model_config.pet_config / lora_config)"])
+    spec = get_model_spec(cfg.model.arch.type)
+    root, step_found = resolve_checkpoint(checkpoint, "checkpoint")
+    step = step_found if step == "latest" else step
+    try:
+        state = load_checkpoint(root, checkpoint_specs(root, step), rank=0, step=step)
+    except CheckpointError as e:
+        raise ConfigError([f"checkpoint = {checkpoint!r}: {e}"]) from None
+    adapters = {k: v for k, v in state.items() if k.endswith((".lora_a.weight", ".lora_b.weight"))}
+
+    def hf_name_of(name):
+        names = spec.state_dict_adapter.hf_names(name)
+        return names[0]
+    out = write_peft_adapter(output, adapters, lora, hf_name_of, base_model=_source_folder(cfg) or "")
+    log(f"exported {len(adapters) // 2} LoRA adapters of {root} step {step} as a PEFT adapter: {out}")
     return out
 
 
@@ -117,12 +180,17 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", required=True, help="<output_dir>/checkpoint or one of its step_<k>")
     ap.add_argument("--output", required=True, help="the folder to write (must not exist)")
     ap.add_argument("--max_shard_size", default="2GB", help="largest safetensors file (default 2GB)")
+    ap.add_argument("--peft", action="store_true",
+                    help="LoRA: write the adapters as a PEFT adapter folder instead of the merged model")
     ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                     help="cast the weights (default: as trained)")
     a = ap.parse_args(argv)
     try:
         cfg = validate(read_yaml(a.config), [], worker_num=1, source=a.config)
-        export_checkpoint(cfg, a.checkpoint, a.output, max_shard_size=a.max_shard_size, dtype=a.dtype)
+        if a.peft:
+            export_peft(cfg, a.checkpoint, a.output)
+        else:
+            export_checkpoint(cfg, a.checkpoint, a.output, max_shard_size=a.max_shard_size, dtype=a.dtype)
     except (ConfigError, ValueError, FileExistsError) as e:
         print(f"export_hf: {e}", file=sys.stderr)
         return 2

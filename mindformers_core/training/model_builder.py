@@ -57,11 +57,13 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     seq = int(cfg.model.model_config.seq_length)
     ids = np.zeros((micro_batch * shape.dp, seq), np.int32)
     counts = layer_counts(cfg, topo, output_dir, log) if shape.pp > 1 else None
+    lora = lora_settings(cfg, shape)
     chunks = []
     for s in topo.stages:
         ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
         if shape.pp == 1:
             chunk = spec.model_class(mcfg)
+            _apply_lora(lora, chunk, mcfg, topo.rank, log)
             parallelize(chunk, mcfg, *batch_samples(cfg, ids), mesh=mesh, rank=topo.rank)
         else:
             # DualPipe: stage index s runs model stage s % pp (its down copy for s < pp, else its up
@@ -69,6 +71,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
             k = topo.model_stage(s)
             chunk = spec.model_class(mcfg, pp_rank=k % shape.pp, vp_stage=k // shape.pp if shape.vpp > 1 else None,
                                      layers_per_stage=counts)
+            _apply_lora(lora, chunk, mcfg, topo.rank, log)
             _parallelize_stage(chunk, mcfg, k, topo, mesh, ids)
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
@@ -103,10 +106,11 @@ def model_config_for(spec, cfg: Config, shape: JobShape):
     parallel sizes (dp, tp, pp, vpp, sequence parallel, ep), then a validated copy with the context
     parallel settings (``dataclasses.replace`` runs the config's checks again). Never edited after."""
     pc = cfg.parallel_config
+    model_config = {k: v for k, v in dict(cfg.model.model_config).items() if k != "pet_config"}   # LoRA: below
     sizes = dict(pc, data_parallel=shape.dp, model_parallel=shape.tp, pipeline_stage=shape.pp, context_parallel=1,
                  use_seq_parallel=bool(pc.use_seq_parallel) and shape.tp > 1,
                  expert_parallel=int(pc.get("expert_parallel", 1) or 1))
-    mcfg = spec.config_class.from_model_config(cfg.model.model_config, sizes, shape.vpp)
+    mcfg = spec.config_class.from_model_config(model_config, sizes, shape.vpp)
     return with_context_parallel(mcfg, pc, shape.cp)
 
 
@@ -117,6 +121,41 @@ def with_context_parallel(mcfg, parallel_config, cp: int):
                    context_parallel_algo=normalize_algorithm(context_parallel_algorithm(dict(parallel_config))),
                    ulysses_degree_in_cp=parallel_config.get("ulysses_degree_in_cp"),
                    context_parallel_load_balance=bool(parallel_config.get("context_parallel_load_balance", True)))
+
+
+def lora_settings(cfg: Config, shape: JobShape):
+    """The run's LoRA settings (``model.model_config.pet_config``; the PyNative ``lora_config`` maps there), or
+    None. Bad values and unsupported combinations are a ConfigError naming the key."""
+    raw = dict(cfg.model.model_config).get("pet_config")
+    if raw is None:
+        return None
+    from ..peft import LoraConfigError, parse_lora
+    source = cfg.report.origin.get("model.model_config.pet_config", "model.model_config.pet_config") \
+        if hasattr(cfg, "report") else "model.model_config.pet_config"
+    try:
+        settings = parse_lora(dict(raw), source)
+    except LoraConfigError as e:
+        raise ConfigError([str(e)]) from None
+    if shape.sharded_dp and cfg.hsdp.optimizer_level == "level3":
+        raise ConfigError([f"{source} with parallel.enable_parallel_optimizer and hsdp.optimizer_level = level3: LoRA "
+                           "with hsdp level3 (frozen base weights gathered per unit) is not supported; use level1 "
+                           "or level2 (the optimizer state is the adapters' only, it is small)"])
+    return settings
+
+
+def _apply_lora(settings, chunk, mcfg, rank: int, log=print) -> None:
+    if settings is None:
+        return
+    from ..peft import LoraConfigError, apply_lora
+    try:
+        wrapped = apply_lora(chunk, settings, mcfg)
+    except LoraConfigError as e:
+        raise ConfigError([str(e)]) from None
+    if rank == 0:
+        trainable = sum(int(p.size) for p in chunk.trainable_params())
+        total = sum(int(p.size) for p in chunk.get_parameters())
+        log(f"LoRA r={settings.rank} alpha={settings.alpha:g} on {len(wrapped)} linears ({wrapped[0]}, ...): "
+            f"{trainable} trainable of {total} parameters ({100 * trainable / max(total, 1):.2f}%)")
 
 
 def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Optional[List[int]]:

@@ -198,6 +198,9 @@ SCHEMA = Section({
                                   choices=("float32", "float16", "bfloat16")),
             "use_flash_attention": F("bool", False, "Fused (flash) attention; true is accepted on CPU with one "
                                                     "start-up line: the same attention is computed unfused."),
+            "pet_config": F("dict|null", None, "LoRA fine-tuning (MindFormers' pet_config: pet_type lora, lora_rank, "
+                                               "lora_alpha, lora_dropout, target_modules regex; the PyNative "
+                                               "dialect's lora_config maps here; docs/finetune.md)."),
             "offset": F("int|list[int]", 0, "MindFormers layer split: per-stage adjustments added to "
                                             "num_layers // stages; must sum to num_layers % stages."),
             # mixture of experts (docs/moe.md): Qwen3-MoE / mcore names; DeepSeek-V3's moe_config maps here

@@ -30,7 +30,7 @@ from ..common.batch import model_args
 from ..distributed.env import get_env, init_distributed
 from ..models import get_model_spec
 from ..sharding.annotations import global_shape_of
-from .checkpointing import Checkpointer, state_params_of
+from .checkpointing import Checkpointer, lora_checkpoint_args, state_params_of
 from .config import Config, ConfigError
 from .faults import FaultInjector
 from .heartbeat import Heartbeat
@@ -105,7 +105,7 @@ class Trainer:
             self.global_batch = 1
             self._build_model(micro_batch=1)
             self.checkpointer = Checkpointer(params=self.params, state_params=state_params_of(self.built.chunks),
-                                             **common)
+                                             **lora_checkpoint_args(cfg, self.built.chunks), **common)
         else:
             self.inputs = build_inputs(cfg, shape, self.found, self.rank, self.topology.dp_rank, self.output_dir,
                                        cp_rank=self.topology.cp_rank)
@@ -122,7 +122,8 @@ class Trainer:
             self.guard, self._poison = step.guard, step.poison
             self.checkpointer = Checkpointer(params=self.params, optimizer=self.optimizer, wrapped=self.wrapped,
                                              data=self.data, state_params=state_params_of(self.built.chunks),
-                                             copies=self.built.copies, **common)
+                                             copies=self.built.copies, **lora_checkpoint_args(cfg, self.built.chunks),
+                                             **common)
         self._ready = True
 
     def _build_model(self, micro_batch: int) -> None:
@@ -294,7 +295,11 @@ class Trainer:
             self.checkpointer.wait()
         if self.rank != 0:
             return None
-        return export_checkpoint(self.cfg, self.checkpoint_dir, out, step=self.total_steps, log=self.log)
+        path = export_checkpoint(self.cfg, self.checkpoint_dir, out, step=self.total_steps, log=self.log)
+        if self.checkpointer.frozen:       # LoRA: the adapters also as a PEFT adapter folder beside it
+            from .export_hf import export_peft
+            export_peft(self.cfg, self.checkpoint_dir, out.rstrip("/") + "_peft", step=self.total_steps, log=self.log)
+        return path
 
     # ------------------------------------------------------------------ predict
     def generate(self, ids: List[int], max_new_tokens: int = 32) -> List[int]:

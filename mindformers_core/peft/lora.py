@@ -1,0 +1,135 @@
+"""LoRA on the parallel linears: ``y = base(x) + (dropout(x) @ A @ B) * alpha / r``, base frozen.
+
+``LoRALinear`` keeps the base Cell (its parameters keep their names and the base keeps its ``shard()``)
+and adds two atomic ``linear`` Cells, ``lora_a`` (in, r) and ``lora_b`` (r, out), whose layouts follow the
+base's split (no communication code here: the sharding pass inserts it):
+
+* column-parallel base (weight split over the output, ``("None", "tp")``): A replicated, B split like the
+  base's output ``("None", "tp")``: every rank computes its columns of the delta, nothing extra is sent;
+* row-parallel base (weight split over the input, ``("tp", "None")``): A split like the base's input
+  ``("tp", "None")`` and its (b, s, r) output reduced over tp (r numbers per token, instead of the hidden
+  size), B replicated.
+
+B starts at zero, so step 0 is the base model. ``apply_lora`` wraps the Cells whose names match the
+settings' ``target_modules`` (ours, Hugging Face's or MindFormers' names), before the model is
+parallelized, and freezes every other parameter (``requires_grad = False``: not in ``trainable_params()``,
+so no gradient, no optimizer state, not in the adapter checkpoint).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from ..transformer.linear import ColumnParallelLinear, RowParallelLinear, _Linear
+from ..transformer.init import normal_array
+from .config import LoraConfigError, LoraSettings, matches
+
+FROZEN_ATTR = "lora_frozen"        # set on every frozen base Parameter
+
+
+class _AdapterLinear(_Linear):
+    """One LoRA factor: an atomic ``linear`` with layouts given by the LoRALinear that owns it."""
+
+    def __init__(self, input_size, output_size, config, key: str, std: float, split: str):
+        super().__init__(input_size, output_size, config, bias=False, init_std=std)
+        self.weight.set_data(Tensor(normal_array(key, (input_size, output_size), std) if std > 0 else
+                                    np.zeros((input_size, output_size), np.float32), self.weight.dtype))
+        self.split = split            # "a_col", "b_col", "a_row", "b_row"
+
+    def shard(self, config):
+        L = config.layout
+        if self.split == "a_col":
+            return None, None, {"weight": L("None", "None")}
+        if self.split == "b_col":
+            return None, None, {"weight": L("None", "tp")}
+        if self.split == "a_row":     # the partial (b, s, r) product reduced over tp at the output
+            return L("dp", "cp", "tp"), L("dp", "cp", "None"), {"weight": L("tp", "None")}
+        return None, None, {"weight": L("None", "None")}
+
+
+class LoRALinear(nn.Cell):
+    """A column- or row-parallel linear plus its low-rank update."""
+
+    def __init__(self, base: _Linear, settings: LoraSettings, config, name: str):
+        super().__init__()
+        kind = "col" if isinstance(base, ColumnParallelLinear) else "row"
+        self.base = base
+        self.rank, self.scaling = settings.rank, settings.scaling
+        self.lora_a = _AdapterLinear(base.input_size, settings.rank, config, f"{name}.lora_a.weight",
+                                     1.0 / math.sqrt(base.input_size), f"a_{kind}")
+        self.lora_b = _AdapterLinear(settings.rank, base.output_size, config, f"{name}.lora_b.weight", 0.0,
+                                     f"b_{kind}")
+        self.dropout_p = settings.dropout
+        self.use_dropout = settings.dropout > 0
+        self.input_size, self.output_size = base.input_size, base.output_size
+
+    def construct(self, x):
+        out = self.base(x)
+        h = x
+        if self.use_dropout:
+            h = ops.dropout(h, p=self.dropout_p, training=self.training)
+        delta = self.lora_b(self.lora_a(h))
+        return out + delta * self.scaling
+
+    def extend_repr(self) -> str:
+        return f"rank={self.rank}, scaling={self.scaling}"
+
+
+def _targets(model: nn.Cell) -> List[Tuple[str, nn.Cell, str, _Linear]]:
+    """(path, parent, attribute, linear) of every column/row-parallel linear inside a decoder layer."""
+    out = []
+    for path, cell in model.cells_and_names():
+        for attr, child in cell.name_cells().items():
+            if isinstance(child, (ColumnParallelLinear, RowParallelLinear)) and not isinstance(child, _AdapterLinear):
+                full = f"{path}.{attr}" if path else attr
+                if full.startswith("decoder.layers.") or ".decoder.layers." in full:
+                    out.append((full, cell, attr, child))
+    return out
+
+
+def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
+    """Wrap the matching linears of an unparallelized ``model`` in place; freeze every other parameter.
+    Returns the wrapped Cell names. A ``target_modules`` that matches nothing is a ``LoraConfigError``."""
+    wrapped = []
+    for path, parent, attr, linear in _targets(model):
+        if not matches(settings, path):
+            continue
+        names = {k: p.name for k, p in (("weight", linear.weight), ("bias", linear.bias)) if p is not None}
+        lora = LoRALinear(linear, settings, config, path)
+        setattr(parent, attr, lora)
+        for k, n in names.items():                   # the base keeps its names (checkpoints, HF tables)
+            getattr(linear, k).name = n
+        lora.lora_a.weight.name = f"{path}.lora_a.weight"
+        lora.lora_b.weight.name = f"{path}.lora_b.weight"
+        wrapped.append(path)
+    if not wrapped:
+        known = [p for p, *_ in _targets(model)][:8]
+        raise LoraConfigError(f"{settings.source}.target_modules = {list(settings.target_modules)!r}: matches no "
+                              f"layer of this model; its linears are named like {known} (Hugging Face: "
+                              "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; MindFormers: wq, wk, "
+                              "wv, wo, w1, w2, w3)")
+    adapters = {id(p) for path in wrapped for p in (_cell(model, path).lora_a.weight, _cell(model, path).lora_b.weight)}
+    for p in model.get_parameters():
+        if id(p) not in adapters and p.requires_grad:
+            p.requires_grad = False
+            setattr(p, FROZEN_ATTR, True)
+    return wrapped
+
+
+def _cell(model: nn.Cell, path: str) -> nn.Cell:
+    cell = model
+    for part in path.split("."):
+        cell = getattr(cell, part) if not part.isdigit() else cell[int(part)]
+    return cell
+
+
+def frozen_params(chunks) -> List[Parameter]:
+    """The frozen base parameters of LoRA-wrapped model chunks (empty without LoRA)."""
+    return [p for chunk in chunks for p in chunk.get_parameters() if getattr(p, FROZEN_ATTR, False)]
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith((".lora_a.weight", ".lora_b.weight"))

@@ -1,0 +1,164 @@
+"""LoRA on one process, from the Qwen3 fixture folder (saved by transformers): only the adapters train (the base
+weights stay bitwise the folder's, they have no gradient and no AdamW moments, the checkpoint holds adapters
+only), the loss goes down, a resume from an adapter checkpoint (base weights from pretrained_model_dir) is
+exact, the merged Hugging Face export equals our base + adapter, the PEFT adapter folder has peft's layout;
+both dialects' spellings; bad settings named. No torch / transformers / peft here (checked once by hand,
+docs/finetune.md "LoRA")."""
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+import run_mindformer
+from mindformers_core.peft import LoraConfigError, parse_lora
+from mindformers_core.peft.config import matches
+from tests.test_trainer import build_assets, config_of, records
+
+FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf", "qwen3")
+TARGETS = ".*q_proj|.*v_proj|.*o_proj|.*down_proj"
+PET = {"pet_type": "lora", "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": TARGETS}
+RUN = ["--lr_schedule.warmup_steps", 0, "--lr_schedule.total_steps", 4, "--optimizer.learning_rate", 0.05,
+       "--lr_schedule.learning_rate", 0.05]
+SAVE2 = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 2}]"]
+
+
+def lora_yaml(root: str, pet=PET) -> str:
+    assets = build_assets(os.path.join(root, "assets"))
+    with open(assets["yaml"]) as f:
+        raw = yaml.safe_load(f)
+    raw["model"] = {"model_config": {"seq_length": 32, **({"pet_config": pet} if pet else {})}}
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = FOLDER
+    raw["train_dataset"].pop("tokenizer_file", None)
+    path = os.path.join(root, "lora.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return path
+
+
+def argv(config, out, *extra):
+    return ["--config", config, "--output_dir", str(out), *map(str, extra)]
+
+
+def losses(out):
+    return [r["loss"] for r in records(out)]
+
+
+def folder_state():
+    from mindformers_core.models.hf.folder import open_folder
+    from mindformers_core.models.qwen3 import QWEN3_HF
+    folder = open_folder(FOLDER)
+    with folder.reader() as read:
+        return QWEN3_HF.from_hf({n: read(n) for n in folder.tensors})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from mindformers_core.training.trainer import Trainer
+    base = tmp_path_factory.mktemp("lora")
+    config = lora_yaml(str(base))
+    out = {k: base / k for k in ("full", "half")}
+    trainer = Trainer(config_of(argv(config, out["full"], "--runner_config.max_steps", 4, *RUN, *SAVE2)))
+    trainer.train()
+    trainer.export_hf(str(base / "merged"))
+    assert run_mindformer.main(argv(config, out["half"], "--runner_config.max_steps", 2, *RUN, *SAVE2)) == 0
+    assert run_mindformer.main(argv(config, out["half"], "--runner_config.max_steps", 4, *RUN, *SAVE2,
+                                    "--resume_training", out["half"] / "checkpoint")) == 0
+    return dict(out, trainer=trainer, config=config, merged=base / "merged", peft=base / "merged_peft")
+
+
+def test_only_adapters_train_and_the_base_stays_bitwise(runs):
+    trainer = runs["trainer"]
+    names = [p.name for p in trainer.params]
+    assert names and all(n.endswith((".lora_a.weight", ".lora_b.weight")) for n in names)
+    assert len(names) == 2 * 4 * 2                                 # 2 layers x 4 linears x (A, B)
+    assert len(trainer.optimizer.moment1) == len(names)            # AdamW state for the adapters only
+    want = folder_state()
+    frozen = [p for c in trainer.built.chunks for p in c.get_parameters() if not p.requires_grad]
+    assert len(frozen) == len(want)
+    for p in frozen:
+        assert np.array_equal(p.asnumpy(), want[p.name]), p.name
+    b = [p for p in trainer.params if p.name.endswith("lora_b.weight")]
+    assert all(np.abs(p.asnumpy()).max() > 0 for p in b)          # B left zero, it trained
+    got = losses(runs["full"])
+    assert len(got) == 4 and got[-1] < got[0]
+
+
+def test_adapter_checkpoint_is_small_and_resume_is_exact(runs):
+    from mindformers_core.checkpoint import checkpoint_specs
+    specs = checkpoint_specs(str(runs["full"] / "checkpoint"), 4)
+    assert sorted(specs) == sorted(p.name for p in runs["trainer"].params)
+    assert [r["step"] for r in records(runs["half"])] == [1, 2, 3, 4]
+    np.testing.assert_allclose(losses(runs["half"]), losses(runs["full"]), rtol=1e-6)
+
+
+def test_merged_export_equals_our_base_plus_adapter(runs):
+    import mindspore as ms
+    from mindformers_core.models.hf.pretrained import from_pretrained
+    ref = np.load(os.path.join(FOLDER, "reference.npz"))["input_ids"]
+    ids = ms.Tensor(np.concatenate([ref, ref[:, ::-1]], 1).astype(np.int32))     # the run's seq_length 32
+    trainer = runs["trainer"]
+    model = trainer.built.model
+    model.set_train(False)
+    ours = model(ids).asnumpy()
+    merged = from_pretrained(str(runs["merged"]), seq_length=ids.shape[1])(ids).asnumpy()
+    base = from_pretrained(FOLDER, seq_length=ids.shape[1])(ids).asnumpy()
+    scale = np.abs(ours).max()
+    assert np.abs(merged - ours).max() / scale < 1e-5
+    assert np.abs(base - ours).max() / scale > 1e-2               # the adapters changed the model
+
+
+def test_peft_adapter_folder_layout(runs):
+    from safetensors.numpy import load_file
+    tensors = load_file(str(runs["peft"] / "adapter_model.safetensors"))
+    with open(runs["peft"] / "adapter_config.json") as f:
+        config = json.load(f)
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8
+    assert sorted(config["target_modules"]) == ["down_proj", "o_proj", "q_proj", "v_proj"]
+    assert len(tensors) == 16
+    a = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    b = tensors["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"]
+    assert a.shape == (4, 32) and b.shape == (32, 4)               # (r, in), (out, r) as torch's Linear (hidden 32)
+    ours = {p.name: p.asnumpy() for p in runs["trainer"].params}
+    assert np.array_equal(a, ours["decoder.layers.0.self_attention.linear_q.lora_a.weight"].T)
+
+
+def test_both_spellings_and_names():
+    graph = parse_lora(PET, "model.model_config.pet_config")
+    pynative = parse_lora({"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]})
+    assert (graph.rank, graph.alpha, graph.scaling) == (pynative.rank, pynative.alpha, 2.0)
+    for name in ("decoder.layers.1.self_attention.linear_q", "decoder.layers.0.mlp.linear_fc2"):
+        assert matches(graph, name) and matches(pynative, name)
+    assert not matches(graph, "decoder.layers.0.self_attention.linear_k")
+    mf = parse_lora({"lora_rank": 8, "target_modules": ".*wq|.*wk"})     # MindFormers' Llama names
+    assert matches(mf, "decoder.layers.3.self_attention.linear_k") and not matches(mf, "decoder.layers.3.mlp.linear_fc2")
+    from mindformers_core.training.dialects import translate
+    out, _, errors = translate({"training": {"steps": 1}, "lora_config": {"r": 4, "target_modules": ["q_proj"]}},
+                               1, "pynative")
+    assert not errors and out["model"]["model_config"]["pet_config"]["r"] == 4
+
+
+@pytest.mark.parametrize("pet, message", [
+    ({"lora_rank": 0, "target_modules": "q_proj"}, "lora_rank = 0: must be an integer >= 1"),
+    ({"lora_rank": 4, "lora_dropout": 1.5, "target_modules": "q_proj"}, "lora_dropout = 1.5: must be in [0, 1)"),
+    ({"lora_rank": 4}, "target_modules = None: name the layers to adapt"),
+    ({"pet_type": "prefix", "target_modules": "q_proj"}, "pet_type = 'prefix': only 'lora'"),
+    ({"lora_rank": 4, "lora_rnak": 2, "target_modules": "q_proj"}, "lora_rnak = 2: unknown LoRA key"),
+])
+def test_bad_settings_are_named(pet, message):
+    with pytest.raises(LoraConfigError, match=None) as e:
+        parse_lora(pet, "model.model_config.pet_config")
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model.model_config.pet_config", "{lora_rank: 4, target_modules: '.*nothing_here'}"],
+     "target_modules = ['.*nothing_here']: matches no layer of this model"),
+    (["--parallel.enable_parallel_optimizer", True, "--hsdp.optimizer_level", "level3"],
+     "hsdp.optimizer_level = level3: LoRA with hsdp level3 (frozen base weights gathered per unit) is not supported"),
+])
+def test_bad_runs_exit_2_naming_the_key(tmp_path, capsys, extra, message):
+    config = lora_yaml(str(tmp_path))
+    assert run_mindformer.main(argv(config, tmp_path / "out", "--runner_config.max_steps", 1, *extra)) == 2
+    assert message in capsys.readouterr().err
