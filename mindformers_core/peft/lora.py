@@ -18,6 +18,7 @@ so no gradient, no optimizer state, not in the adapter checkpoint).
 from __future__ import annotations
 
 import math
+import re
 from typing import List, Tuple
 
 import numpy as np
@@ -28,6 +29,7 @@ from ..transformer.init import normal_array
 from .config import LoraConfigError, LoraSettings, matches
 
 FROZEN_ATTR = "lora_frozen"        # set on every frozen base Parameter
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 class _AdapterLinear(_Linear):
@@ -54,6 +56,8 @@ class LoRALinear(nn.Cell):
     """A column- or row-parallel linear plus its low-rank update."""
 
     def __init__(self, base: _Linear, settings: LoraSettings, config, name: str):
+        """``name``: the linear's global name (A's random values are keyed by it, so a pipeline stage draws
+        the same A as one process)."""
         super().__init__()
         kind = "col" if isinstance(base, ColumnParallelLinear) else "row"
         self.base = base
@@ -98,7 +102,7 @@ def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
         if not matches(settings, path):
             continue
         names = {k: p.name for k, p in (("weight", linear.weight), ("bias", linear.bias)) if p is not None}
-        lora = LoRALinear(linear, settings, config, path)
+        lora = LoRALinear(linear, settings, config, _global_name(model, path))
         setattr(parent, attr, lora)
         for k, n in names.items():                   # the base keeps its names (checkpoints, HF tables)
             getattr(linear, k).name = n
@@ -117,6 +121,16 @@ def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
             p.requires_grad = False
             setattr(p, FROZEN_ATTR, True)
     return wrapped
+
+
+def _global_name(model: nn.Cell, path: str) -> str:
+    """``path`` with its layer number made global (a pipeline stage numbers its layers from 0; its decoder
+    knows their global ``layer_numbers``, 1-based)."""
+    numbers = getattr(getattr(model, "decoder", None), "layer_numbers", None)
+    m = _LAYER.match(path)
+    if numbers is None or m is None:
+        return path
+    return f"decoder.layers.{numbers[int(m.group(1))] - 1}.{m.group(2)}"
 
 
 def _cell(model: nn.Cell, path: str) -> nn.Cell:

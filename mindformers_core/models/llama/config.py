@@ -24,7 +24,7 @@ _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidde
             "qk_layernorm": "qk_layernorm", "head_dim": "kv_channels", "kv_channels": "kv_channels"}
 _ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
 # rotary tables are built for seq_length; use_flash_attention: the same attention computed unfused (CPU)
-_IGNORED = ("type", "max_position_embeddings", "use_flash_attention")
+_IGNORED = ("type", "max_position_embeddings", "use_flash_attention", "pet_config")   # pet_config: LoRA, peft/
 
 
 def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
