@@ -1,30 +1,32 @@
 """Parallel generation under msrun: the generation step parallelized at tp2 (attention heads, MLP and the
 vocabulary split; each rank holds the KV-cache slice of its key/value heads) gives the one-process tokens
-and logits (1e-5 of the largest) in PyNative and jit, on transformers' Qwen3 fixture (GQA, q/k norm) and
-greedy ids equal to transformers' own."""
+and logits (1e-5 of the largest) in PyNative and jit, and transformers' greedy ids, on its Qwen3 (GQA, q/k
+norm) and Qwen3-MoE fixtures."""
 import os
 
 import numpy as np
 import pytest
 
-from mindformers_core.testing import run_msrun
-from tests.bodies.generation_tp_body import generate
+from tests.msrun_batch import job
 
 pytestmark = pytest.mark.msrun
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
+NAMES = ("qwen3", "qwen3_moe")
+
+# one body in the suite's batched 2-worker launch (tests/msrun_batch.py)
+TP2 = job("generation_tp2", 2, "tests.bodies.generation_tp_body:run", {"names": NAMES}, timeout=600, group=__name__)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("name", NAMES)
 def test_tp2_generation_equals_one_process(name):
-    results = run_msrun("tests.bodies.generation_tp_body:run", 2, {"name": name}, timeout=600)
+    results = [r[name] for r in TP2.results()]
     assert len(results) == 2
     ref = np.load(os.path.join(DATA, name, "reference.npz"))
     want_ids = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
     for mode in ("pynative", "jit"):
-        one = generate(name, mode, 1)
-        assert one["ids"] == want_ids
         for rank, res in enumerate(results):
-            got = res[mode]
+            got, one = res[mode]["tp"], res[mode]["one"]
+            assert one["ids"] == want_ids
             assert got["ids"] == want_ids, f"rank {rank} {mode}"
             b, g, length, d = one["cache"]
             assert got["cache"] == (b, g // 2, length, d)                  # this rank's key/value heads only

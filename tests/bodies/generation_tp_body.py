@@ -38,6 +38,8 @@ def generate(name, mode, tp):
             "linear_q": tuple(params["decoder.layers.0.self_attention.linear_q.weight"].shape)}
 
 
-def run(name="qwen3_moe", modes=("pynative", "jit"), tp=2):
+def run(names=("qwen3", "qwen3_moe"), modes=("pynative", "jit"), tp=2):
     get_env()
-    return {mode: generate(name, mode, tp) for mode in modes}
+    # the one-process run on every rank too (side by side on the cores, instead of after the launch)
+    return {name: {mode: {"tp": generate(name, mode, tp), "one": generate(name, mode, 1)} for mode in modes}
+            for name in names}
