@@ -4,10 +4,11 @@ experts, pp: its stage's layers), and the losses of a 2-step fine-tune (the firs
 agree with one process to a relative 1e-5. The live export at the end of a tp2 and an ep2 run that did not
 change the weights (learning rate 0) gives back the folder's tensors bitwise.
 
-One 2-worker launch runs the tp2 / ep2 / pp2 jobs in turn (``run_many``), one 4-worker launch dp2 x tp2 x ep2;
-the one-process references run here while msrun starts its workers."""
+The tp2 / ep2 / pp2 jobs run in turn (``run_many``) in the suite's batched 2-worker launch, dp2 x tp2 x ep2 in the
+4-worker one (tests/msrun_batch.py); the one-process references run here."""
+import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import yaml
 
 import run_mindformer
 from mindformers_core.models.hf.folder import open_folder
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.test_trainer import build_assets, records
 from tests.test_trainer_msrun import assert_close
 
@@ -56,13 +57,14 @@ def run_many(argvs):
     return [run_mindformer.main(a) for a in argvs]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("hf_msrun")
-    config = hf_yaml(str(base))
-    out = {k: base / k for k in ("p1_pynative", "p1_jit", "tp2_pynative", "ep2_jit", "pp2_pynative",
-                                 "dp2_tp2_ep2_jit", "tp2_frozen", "ep2_frozen")}
-    out["tp2_export"], out["ep2_export"] = base / "tp2_export", base / "ep2_export"
+@functools.lru_cache(maxsize=None)
+def plan():
+    """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
+    base = tempfile.mkdtemp(prefix="hf_msrun_")
+    config = hf_yaml(base)
+    out = {k: os.path.join(base, k) for k in ("p1_pynative", "p1_jit", "tp2_pynative", "ep2_jit", "pp2_pynative",
+                                              "dp2_tp2_ep2_jit", "tp2_frozen", "ep2_frozen", "tp2_export",
+                                              "ep2_export")}
     two = [argv(config, out["tp2_pynative"], "--mode", 1, *STEPS, *QUIET, *TP2),
            argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
            argv(config, out["pp2_pynative"], "--mode", 1, *STEPS, *QUIET, *PP2),
@@ -70,14 +72,22 @@ def runs(tmp_path_factory):
            argv(config, out["ep2_frozen"], "--mode", 1, *FROZEN, *QUIET, *EP2, "--export_hf_dir", out["ep2_export"])]
     four = [argv(config, out["dp2_tp2_ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2, "--parallel_config.model_parallel",
                  2)]
-    with ThreadPoolExecutor(1) as pool:
-        launched = pool.submit(run_msrun, "tests.test_hf_msrun:run_many", 2, {"argvs": two}, timeout=600)
-        for mode, flag in (("pynative", 1), ("jit", 0)):
-            assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *STEPS, *QUIET)) == 0
-        done2 = launched.result()
-    done4 = run_msrun("tests.test_hf_msrun:run_many", 4, {"argvs": four}, timeout=600)
-    assert done2 == [[0] * len(two)] * 2 and done4 == [[0]] * 4
-    return out
+    return config, out, two, four
+
+
+TWO = job("hf_tp2_ep2_pp2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs": plan()[2]}, timeout=600,
+          group=__name__)
+FOUR = job("hf_dp2_tp2_ep2", 4, "tests.test_hf_msrun:run_many", lambda: {"argvs": plan()[3]}, timeout=600,
+           group=__name__)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    config, out, two, four = plan()
+    for mode, flag in (("pynative", 1), ("jit", 0)):
+        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *STEPS, *QUIET)) == 0
+    assert TWO.results() == [[0] * len(two)] * 2 and FOUR.results() == [[0]] * 4
+    return {k: v for k, v in out.items()}
 
 
 def losses(out):
