@@ -1,9 +1,10 @@
-"""LoRA under msrun = one process: tp2 (adapters sharded like the linear they adapt: column A replicated / B split,
-row A split / B replicated), pp2, dp2 (jit) on the Qwen3 fixture, and dp2 x ep2 on the Qwen3-MoE fixture (LoRA on
-the attention linears, experts frozen): the losses of a 3-step fine-tune agree to a relative 1e-5 and the merged
-adapter weights of the last checkpoint to 1e-4 of their largest magnitude (measured <= 2.4e-5: AdamW divides
-by the root of tiny second moments, which lifts rounding differences of near-zero gradients). One 2-worker launch runs every job
-(``run_many``); the one-process references run here while msrun starts its workers."""
+"""LoRA under msrun = one process: tp2 (adapters sharded like the linear they adapt: column A replicated /
+B split, row A split / B replicated), pp2, dp2 (jit), dp2 with hsdp level2 (PyNative) and level1 (jit) on the
+Qwen3 fixture, and dp2 x ep2 on the Qwen3-MoE fixture (LoRA on the attention linears, experts frozen): the
+losses of a 3-step fine-tune agree to a relative 1e-5 and the merged adapter weights of the last checkpoint to
+1e-4 of their largest magnitude (measured <= 2.4e-5: AdamW divides by the root of tiny second moments, which
+lifts rounding differences of near-zero gradients). One 2-worker launch runs every job (``run_many``); the
+one-process references run here while msrun starts its workers."""
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,12 +21,16 @@ HF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
 SAVE3 = ["--runner_config.max_steps", 3, "--callbacks",
          "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 3}]"]
 PAR = ["--use_parallel", "True", "--runner_config.batch_size", 2]
+HSDP = [*PAR, "--parallel_config.data_parallel", 2, "--parallel.enable_parallel_optimizer", True, "--hsdp.threshold", 0]
 JOBS = {   # name -> (fixture, mode, parallel flags)
     "tp2_pynative": ("qwen3", 1, [*PAR, "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 4]),
     "tp2_jit": ("qwen3", 0, [*PAR, "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 4]),
     "pp2_pynative": ("qwen3", 1, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2,
                                   "--parallel_config.micro_batch_num", 2, "--runner_config.batch_size", 2]),
     "dp2_jit": ("qwen3", 0, [*PAR, "--parallel_config.data_parallel", 2]),
+    # hsdp: the adapters' AdamW state (level1) and gradients (level2) sharded over dp (threshold 0: every adapter)
+    "dp2_hsdp2_pynative": ("qwen3", 1, [*HSDP, "--hsdp.optimizer_level", "level2"]),
+    "dp2_hsdp1_jit": ("qwen3", 0, [*HSDP, "--hsdp.optimizer_level", "level1"]),
     "ep2_pynative": ("qwen3_moe", 1, [*PAR, "--parallel_config.data_parallel", 2,
                                       "--parallel_config.expert_parallel", 2]),
 }
