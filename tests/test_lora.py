@@ -24,12 +24,12 @@ RUN = ["--lr_schedule.warmup_steps", 0, "--lr_schedule.total_steps", 4, "--optim
 SAVE2 = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 2}]"]
 
 
-def lora_yaml(root: str, pet=PET) -> str:
+def lora_yaml(root: str, pet=PET, folder=FOLDER) -> str:
     assets = build_assets(os.path.join(root, "assets"))
     with open(assets["yaml"]) as f:
         raw = yaml.safe_load(f)
     raw["model"] = {"model_config": {"seq_length": 32, **({"pet_config": pet} if pet else {})}}
-    raw["pretrained_model_dir"] = raw["load_checkpoint"] = FOLDER
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = folder
     raw["train_dataset"].pop("tokenizer_file", None)
     path = os.path.join(root, "lora.yaml")
     with open(path, "w") as f:
