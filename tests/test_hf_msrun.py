@@ -63,15 +63,16 @@ def plan():
     base = tempfile.mkdtemp(prefix="hf_msrun_")
     config = hf_yaml(base)
     out = {k: os.path.join(base, k) for k in ("p1_pynative", "p1_jit", "tp2_pynative", "ep2_jit", "pp2_pynative",
-                                              "dp2_tp2_ep2_jit", "tp2_frozen", "ep2_frozen", "tp2_export",
+                                              "dp2_tp2_ep2_pynative", "tp2_frozen", "ep2_frozen", "tp2_export",
                                               "ep2_export")}
     two = [argv(config, out["tp2_pynative"], "--mode", 1, *STEPS, *QUIET, *TP2),
            argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
            argv(config, out["pp2_pynative"], "--mode", 1, *STEPS, *QUIET, *PP2),
            argv(config, out["tp2_frozen"], "--mode", 1, *FROZEN, *QUIET, *TP2, "--export_hf_dir", out["tp2_export"]),
            argv(config, out["ep2_frozen"], "--mode", 1, *FROZEN, *QUIET, *EP2, "--export_hf_dir", out["ep2_export"])]
-    four = [argv(config, out["dp2_tp2_ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2, "--parallel_config.model_parallel",
-                 2)]
+    # PyNative: ep under jit is proven at 2 workers above, and a 4-worker jit compile costs ~20 s of the suite
+    four = [argv(config, out["dp2_tp2_ep2_pynative"], "--mode", 1, *STEPS, *QUIET, *EP2,
+                 "--parallel_config.model_parallel", 2)]
     return config, out, two, four
 
 
@@ -94,7 +95,7 @@ def losses(out):
     return [r["loss"] for r in records(out)]
 
 
-@pytest.mark.parametrize("job, mode", [("tp2", "pynative"), ("ep2", "jit"), ("dp2_tp2_ep2", "jit")])
+@pytest.mark.parametrize("job, mode", [("tp2", "pynative"), ("ep2", "jit"), ("dp2_tp2_ep2", "pynative")])
 def test_loaded_and_fine_tuned_on_workers_equals_one_process(runs, job, mode):
     one = losses(runs[f"p1_{mode}"])
     assert len(one) == 2 and all(np.isfinite(one))
