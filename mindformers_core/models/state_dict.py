@@ -16,6 +16,7 @@ Pure NumPy; no MindSpore.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -39,38 +40,58 @@ def _compile(pattern: str) -> "re.Pattern":
     return re.compile("".join(parts + [re.escape(pattern[last:])]))
 
 
-class Rule:
-    """One kind of row. ``match_ours(name)`` / ``match_hf(name)``: the integer fields of a name the
+def _match(pattern: str, name: str) -> Optional[Dict[str, int]]:
+    """The integer fields of ``name`` under ``pattern`` (None when it does not match)."""
+    m = _compile(pattern).fullmatch(name)
+    return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+
+
+def _flip(array, transpose: bool) -> np.ndarray:
+    """Hugging Face's (out, in) <-> our (in, out) for a transposed row; contiguous either way."""
+    array = np.asarray(array)
+    return np.ascontiguousarray(array.T if transpose else array)
+
+
+class Rule(ABC):
+    """One kind of row (an abstract interface: NameRule and StackedRule implement it). ``match_ours(name)`` / ``match_hf(name)``: the integer fields of a name the
     rule covers (None when it does not); ``ours(fields)``: our name; ``hf_sources(fields)``: the
     Hugging Face names one of ours is built from; ``to_hf(fields, array)``: ``{hf name: array}``;
     ``from_hf(fields, arrays)``: ours from the arrays of ``hf_sources``, in that order."""
 
+    @abstractmethod
     def match_ours(self, name: str) -> Optional[Dict[str, int]]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def match_hf(self, name: str) -> Optional[Dict[str, int]]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def ours(self, fields: Mapping[str, int]) -> str:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def hf_sources(self, fields: Mapping[str, int], shape: Optional[Tuple[int, ...]] = None) -> List[str]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def to_hf(self, fields: Mapping[str, int], array: np.ndarray) -> Dict[str, np.ndarray]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def from_hf(self, fields: Mapping[str, int], arrays: Sequence[np.ndarray]) -> np.ndarray:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def read(self, fields: Mapping[str, int], shape: Tuple[int, ...], region: Region, reader: HFReader) -> np.ndarray:
         """The ``region`` of our tensor (global ``shape``) from slices of the Hugging Face tensors
         (``reader(hf name, slices)``): only what the region needs is read."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def hf_shapes(self, fields: Mapping[str, int], shape: Tuple[int, ...]) -> Dict[str, Tuple[int, ...]]:
         """The Hugging Face name and shape of each source of our tensor of global ``shape``."""
-        raise NotImplementedError
+        ...
 
 
 @dataclass(frozen=True)
@@ -85,12 +106,10 @@ class NameRule(Rule):
             raise ValueError(f"NameRule: {self.ours_pattern!r} and {self.hf_pattern!r} must use the same fields")
 
     def match_ours(self, name):
-        m = _compile(self.ours_pattern).fullmatch(name)
-        return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+        return _match(self.ours_pattern, name)
 
     def match_hf(self, name):
-        m = _compile(self.hf_pattern).fullmatch(name)
-        return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+        return _match(self.hf_pattern, name)
 
     def ours(self, fields):
         return self.ours_pattern.format(**fields)
@@ -99,8 +118,7 @@ class NameRule(Rule):
         return [self.hf_pattern.format(**fields)]
 
     def _flip(self, array):
-        array = np.asarray(array)
-        return np.ascontiguousarray(array.T if self.transpose else array)
+        return _flip(array, self.transpose)
 
     def to_hf(self, fields, array):
         return {self.hf_pattern.format(**fields): self._flip(array)}
@@ -133,12 +151,10 @@ class StackedRule(Rule):
                              f"{{{self.stack_field}}}")
 
     def match_ours(self, name):
-        m = _compile(self.ours_pattern).fullmatch(name)
-        return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+        return _match(self.ours_pattern, name)
 
     def match_hf(self, name):
-        m = _compile(self.hf_pattern).fullmatch(name)
-        return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+        return _match(self.hf_pattern, name)
 
     def ours(self, fields):
         return self.ours_pattern.format(**{k: v for k, v in fields.items() if k != self.stack_field})
@@ -152,8 +168,7 @@ class StackedRule(Rule):
         return [self._name(fields, e) for e in range(shape[0])]
 
     def _flip(self, array):
-        array = np.asarray(array)
-        return np.ascontiguousarray(array.T if self.transpose else array)
+        return _flip(array, self.transpose)
 
     def to_hf(self, fields, array):
         return {self._name(fields, e): self._flip(array[e]) for e in range(np.shape(array)[0])}
