@@ -85,6 +85,9 @@ class TransformerConfig:
     moe_layer_freq: Any = 1                            # Megatron's: N = layers 0, N, 2N, ... are MoE; or a 0/1
     #                                                    list per layer (Qwen3-MoE's decoder_sparse_step/mlp_only_layers)
     expert_model_parallel_size: int = 1
+    # ---- multi-token prediction (transformer/mtp.py; DeepSeek-V3) -----------------------------
+    mtp_num_layers: Optional[int] = None               # MTP depths after the main model (None/0: none)
+    mtp_loss_scaling_factor: float = 0.1               # the MTP term is factor x the mean of the depths' losses
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -97,6 +100,7 @@ class TransformerConfig:
             _fail("context_parallel_algo", self.context_parallel_algo, str(e).split(": ", 1)[1])
         self._check_divisibility()
         self._check_dtypes()
+        self._check_mtp()
         if self.num_moe_experts is not None or self.expert_model_parallel_size != 1:
             from .moe_config import moe_config_problems   # the MoE rules, apart from the MoE layer
             for field, value, rule in moe_config_problems(self):
@@ -170,6 +174,23 @@ class TransformerConfig:
             _fail("rotary_percent", self.rotary_percent, f"must rotate an even number >= 2 of the "
                   f"head_dim={self.head_dim} channels (got {rot})")
 
+    def _check_mtp(self):
+        n = self.mtp_num_layers
+        if n is not None and (not _is_int(n) or n < 0):
+            _fail("mtp_num_layers", n, "must be null/None or an integer >= 0 (the multi-token prediction depths)")
+        f = self.mtp_loss_scaling_factor
+        if not isinstance(f, (int, float)) or isinstance(f, bool) or f < 0:
+            _fail("mtp_loss_scaling_factor", f, "must be a number >= 0")
+        if n and self.pipeline_model_parallel_size > 1:
+            _fail("mtp_num_layers", n, f"with pipeline_model_parallel_size={self.pipeline_model_parallel_size}: "
+                  "multi-token prediction under pipeline parallelism is not implemented (the MTP module on the "
+                  "last stage needs the first stage's embedding); use pipeline_model_parallel_size=1 or "
+                  "mtp_num_layers=0")
+        if n and self.context_parallel_size > 1:
+            _fail("mtp_num_layers", n, f"with context_parallel_size={self.context_parallel_size}: multi-token "
+                  "prediction shifts tokens along the sequence, which context parallelism splits over ranks; "
+                  "not implemented (use context_parallel_size=1 or mtp_num_layers=0)")
+
     def _check_dtypes(self):
         if "bfloat16" in (self.params_dtype, self.compute_dtype) and ms.get_context("device_target") == "CPU":
             name = "compute_dtype" if self.compute_dtype == "bfloat16" else "params_dtype"
@@ -216,6 +237,11 @@ class TransformerConfig:
                                self.expert_model_parallel_size)
         return Layout((self.data_parallel_size, self.context_parallel_size, self.tensor_model_parallel_size),
                       ("dp", "cp", "tp"))
+
+    @property
+    def mtp_depths(self) -> int:
+        """Multi-token prediction depths (0: none)."""
+        return self.mtp_num_layers or 0
 
     @property
     def is_moe(self) -> bool:
