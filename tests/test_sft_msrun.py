@@ -7,15 +7,19 @@ file's 1e-6 moves a loss by nothing in 20 steps).
 
 Proofs: the loss goes down over the 20 steps; each step's loss equals a one-process run with the same global batch
 (batch_size 2), which is the mean over the unmasked tokens of the whole global batch (the dp split does not change
-it)."""
+it).
+
+The 2-worker run is a job of the suite's batched 2-worker launch (tests/msrun_batch.py); the one-process
+reference runs here."""
+import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
 
 import numpy as np
 import pytest
 
 import run_mindformer
-from mindformers_core.testing import run_msrun
+from tests.msrun_batch import job
 from tests.test_trainer import records
 from tests.test_trainer_msrun import assert_close
 
@@ -41,16 +45,25 @@ def run_one(argvs):
     return [run_mindformer.main(a) for a in argvs]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sft_msrun")
-    out = {k: base / k for k in ("dp2", "one")}
+@functools.lru_cache(maxsize=None)
+def plan():
+    """The output folders and the workers' argv (made once per process)."""
+    base = tempfile.mkdtemp(prefix="sft_msrun_")
+    out = {k: os.path.join(base, k) for k in ("dp2", "one")}
     dp2 = [argv(out["dp2"], "--use_parallel", "True", "--parallel_config.data_parallel", 2)]
-    with ThreadPoolExecutor(1) as pool:
-        launched = pool.submit(run_msrun, "tests.test_sft_msrun:run_one", 2, {"argvs": dp2}, timeout=600)
-        assert run_mindformer.main(argv(out["one"], "--use_parallel", "False", "--parallel_config.data_parallel", 1,
-                                        "--runner_config.batch_size", 2)) == 0
-        assert launched.result() == [[0], [0]]
+    return out, dp2
+
+
+DP2 = job("sft_finetune_qwen3_dp2", 2, "tests.test_sft_msrun:run_one", lambda: {"argvs": plan()[1]}, timeout=600,
+          group=__name__)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out, _ = plan()
+    assert run_mindformer.main(argv(out["one"], "--use_parallel", "False", "--parallel_config.data_parallel", 1,
+                                    "--runner_config.batch_size", 2)) == 0
+    assert DP2.results() == [[0], [0]]
     return out
 
 
