@@ -53,6 +53,13 @@ CHAT_TEMPLATE = (
 
 COMMON = dict(vocab_size=VOCAB, max_position_embeddings=MAX_POS, pad_token_id=0, bos_token_id=1,
               eos_token_id=2, rms_norm_eps=1e-6, initializer_range=0.2)
+DEEPSEEK_V3 = dict(
+    hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+    routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+EXPERT_BIAS = 0.2               # DeepSeek-V3 fixtures: e_score_correction_bias ~ N(0, 0.2) (seeded), not zeros
 # name -> (transformers class name, config class name, config keywords)
 MODELS = {
     # GQA (4 query heads, 2 kv heads), untied head, rope_theta 10000
@@ -73,6 +80,16 @@ MODELS = {
         head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
         decoder_sparse_step=1, mlp_only_layers=[0], tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # DeepSeek-V3: multi-latent attention (q low rank 48, kv low rank 32, qk 16 + rope 8, v 16, interleaved
+    # rope), layer 0 dense, layers 1-2 MoE: 8 routed experts top-2 in 2 groups (best 1 group), sigmoid scores,
+    # noaux_tc expert bias (set nonzero after init, see EXPERT_BIAS), routed_scaling_factor 2.5, 1 shared expert
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(DEEPSEEK_V3)),
+    # the same weights with YaRN on (factor 4 over 16 original positions, mscale != mscale_all_dim)
+    "deepseek_v3_yarn": ("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(DEEPSEEK_V3, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.707})),
+    # DeepSeek-V2-Lite's plain q projection (q_lora_rank None)
+    "deepseek_v3_q_full": ("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(DEEPSEEK_V3, q_lora_rank=None)),
 }
 # variants: name -> (source model, how it is saved)
 VARIANTS = {"qwen3_moe_sharded": ("qwen3_moe", dict(max_shard_size="100KB")),
@@ -122,6 +139,11 @@ def build_model(name):
     torch.manual_seed(SEED)
     config = getattr(transformers, cfg_name)(**COMMON, **kw)
     model = getattr(transformers, cls_name)(config).to(torch.float32).eval()
+    if cls_name == "DeepseekV3ForCausalLM":     # noaux_tc's expert bias: nonzero so that it changes choices
+        gen = torch.Generator().manual_seed(SEED)
+        for mod in model.modules():
+            if type(mod).__name__ == "DeepseekV3TopkRouter":
+                mod.e_score_correction_bias.copy_(torch.randn(mod.num_experts, generator=gen) * EXPERT_BIAS)
     model.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                                             do_sample=False)
     return model
@@ -154,9 +176,21 @@ def margins(model, ids, prompts):
     def gap(logits, k=1):
         top = np.sort(logits, axis=-1)[..., -k - 1:]
         return round(float((top[..., 1] - top[..., 0]).min()), 5)
-    routers = [mod for mod in model.modules() if type(mod).__name__.endswith("TopKRouter")]
+    def router_gap(mod, logits):
+        if not hasattr(mod, "e_score_correction_bias"):
+            return gap(logits, mod.top_k)
+        # DeepSeek-V3: the choice is on sigmoid + bias, first among groups (sum of each group's best two),
+        # then among the experts of the chosen groups
+        choice = 1 / (1 + np.exp(-logits)) + mod.e_score_correction_bias.numpy()
+        groups = np.sort(choice.reshape(len(choice), mod.num_group, -1), -1)[..., -2:].sum(-1)
+        kept = np.argsort(-groups, -1)[:, :mod.topk_group]
+        mask = np.zeros_like(groups, bool)
+        np.put_along_axis(mask, kept, True, -1)
+        masked = np.where(np.repeat(mask, mod.num_experts // mod.num_group, -1), choice, -np.inf)
+        return min(gap(groups, mod.topk_group), gap(np.where(np.isinf(masked), -1e9, masked), mod.top_k))
+    routers = [mod for mod in model.modules() if type(mod).__name__.lower().endswith("topkrouter")]
     seen = []
-    hooks = [mod.register_forward_hook(lambda mod, args, out: seen.append(gap(out[0].detach().numpy(), mod.top_k)))
+    hooks = [mod.register_forward_hook(lambda mod, args, out: seen.append(router_gap(mod, out[0].detach().numpy())))
              for mod in routers]
     steps = []
     try:
@@ -168,6 +202,29 @@ def margins(model, ids, prompts):
         for h in hooks:
             h.remove()
     return dict(reference=reference, greedy=steps, **({"router": min(seen)} if seen else {}))
+
+
+def expert_choices(model, ids):
+    """DeepSeek-V3 only: ``experts_{layer}`` (tokens, top_k) int64, the routed experts each token of ``ids``
+    chose in each MoE layer (sorted), and ``expert_weights_{layer}`` their weights (same order)."""
+    import torch
+    out, hooks = {}, []
+    for name, mod in model.named_modules():
+        if type(mod).__name__ == "DeepseekV3TopkRouter":
+            layer = int(name.split(".")[2])
+
+            def keep(mod, args, res, layer=layer):
+                order = torch.argsort(res[2], -1)
+                out[f"experts_{layer}"] = torch.gather(res[2], -1, order).numpy().astype(np.int64)
+                out[f"expert_weights_{layer}"] = torch.gather(res[1], -1, order).detach().numpy().astype(np.float32)
+            hooks.append(mod.register_forward_hook(keep))
+    try:
+        if hooks:
+            logits_of(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
 
 
 def references(folder, tokenizer):
@@ -182,6 +239,7 @@ def references(folder, tokenizer):
            "sentence_ids_with_special": np.asarray(tokenizer(SENTENCE)["input_ids"], np.int64)}
     for i, p in enumerate(prompts):
         ref[f"prompt_{i}"], ref[f"generated_{i}"] = p, generate(model, p)
+    ref.update(expert_choices(model, ids))
     np.savez_compressed(os.path.join(folder, "reference.npz"), **ref)
     return model, ref, prompts
 
@@ -190,12 +248,12 @@ def folder_bytes(folder):
     return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
 
 
-def make_all(out):
+def make_all(out, only=None):
     import torch
     import transformers
     tokenizer = make_tokenizer()
     summary = {}
-    for name in list(MODELS) + list(VARIANTS):
+    for name in only or list(MODELS) + list(VARIANTS):
         folder = os.path.join(out, name)
         shutil.rmtree(folder, ignore_errors=True)
         source, save = VARIANTS.get(name, (name, {}))
@@ -241,13 +299,14 @@ def main(argv=None):
     p.add_argument("--check-export", metavar="DIR", help="a Hugging Face folder to compare with a reference")
     p.add_argument("--reference", metavar="NAME", help=f"the fixture to compare with: {sorted(MODELS) + sorted(VARIANTS)}, "
                                                        "or an .npz of input_ids and our logits")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="make these fixtures only (default: all)")
     p.add_argument("--tol", type=float, default=1e-5, help="largest accepted relative logit difference")
     args = p.parse_args(argv)
     if args.check_export:
         if not args.reference:
             p.error("--check-export needs --reference NAME")
         return check_export(args.check_export, args.reference, args.tol)
-    make_all(args.out)
+    make_all(args.out, args.only)
     return 0
 
 
