@@ -23,6 +23,7 @@ from ..sharding.parallelizer import parallelize
 from ..common.sequence_placement import normalize_algorithm
 from .config import Config, ConfigError
 from .moe_log import moe_monitor
+from .mtp_log import mtp_monitor
 from .rules import context_parallel_algorithm
 from .shape import JobShape
 from .topology import Topology
@@ -39,6 +40,7 @@ class BuiltModel:
     plan: object                # the first chunk's ShardingPlan
     moe: object = None          # a MoEMonitor (training/moe_log.py) for a mixture-of-experts model
     copies: tuple = ()          # DualPipe: the up copy's parameters (same names as a down copy's elsewhere)
+    mtp: object = None          # an MTPMonitor (training/mtp_log.py) for a model with multi-token prediction
 
     @property
     def model(self):
@@ -81,7 +83,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
     copies = tuple(p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters())
-    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies)
+    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg))
 
 
 def batch_samples(cfg: Config, ids: np.ndarray) -> tuple:

@@ -21,14 +21,18 @@ from ..distributed.process_group import world_group
 from ..transformer.moe import AuxLossProbe, expert_bias_update, routers_of
 
 
-def _moe_layers(chunks):
-    """``{global layer index: (router, probe or None)}`` of this rank's model chunks (pipeline stages)."""
+def _moe_layers(chunks, num_layers):
+    """``{global layer index: (router, probe or None)}`` of this rank's model chunks (pipeline stages); the
+    multi-token prediction depth k's layer (``mtp.layers.<k>``) counts as layer ``num_layers + k``."""
     out = {}
     for chunk in chunks:
         numbers = getattr(getattr(chunk, "decoder", None), "layer_numbers", None)
         probes = {path.rsplit(".mlp.", 1)[0]: c for path, c in chunk.cells_and_names() if isinstance(c, AuxLossProbe)}
         for path, router in routers_of(chunk):
             layer = path.rsplit(".mlp.", 1)[0]
+            if layer.startswith("mtp.layers."):
+                out[num_layers + int(layer.split(".")[2])] = (router, probes.get(layer))
+                continue
             local = int(layer.rsplit(".", 1)[1])
             out[numbers[local] - 1 if numbers else local] = (router, probes.get(layer))
     return out
@@ -40,8 +44,10 @@ class MoEMonitor:
     the layers other pipeline stages hold), so the one all-reduce also gathers the stages."""
 
     def __init__(self, model, config):
-        mine = _moe_layers(model if isinstance(model, (list, tuple)) else [model])
+        mine = _moe_layers(model if isinstance(model, (list, tuple)) else [model], config.num_layers)
         all_moe = [i for i in range(config.num_layers) if config.is_moe_layer(i + 1)]
+        depths = getattr(config, "mtp_depths", 0)       # MTP layers are built like the last layer
+        all_moe += [config.num_layers + k for k in range(depths) if config.is_moe_layer(config.num_layers)]
         self.slots = [all_moe.index(i) for i in sorted(mine)]        # this rank's layers among all MoE layers
         self.num_layers, self.num_experts = len(all_moe), config.num_moe_experts
         self.routers = [mine[i][0] for i in sorted(mine)]

@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape
 # record field -> TensorBoard tag (MindFormers' MFLossMonitor names where it has one)
 SCALAR_TAGS = {"loss": "loss", "lr": "learning-rate", "grad_norm": "grad-norm", "tokens_per_s": "throughput",
                "eval_loss": "eval-loss", "aux_loss": "load-balancing-loss", "expert_load_min": "expert-load-min",
-               "expert_load_max": "expert-load-max"}
+               "expert_load_max": "expert-load-max", "mtp_loss": "mtp-loss"}
 
 
 class TensorBoardLog:

@@ -2,8 +2,8 @@
 
 ``loss.jsonl`` holds one JSON object per step: step, loss, lr, grad_norm, tokens_per_s, step_time_s,
 and ``skipped: true`` for a step the bad-step guard skipped; a mixture-of-experts model adds ``expert_load``,
-``expert_load_min``/``max`` and ``aux_loss`` (``moe_log.py``). NaN and inf are not JSON: they are
-written as null. A fresh run starts the file anew; a resumed one keeps the steps up to its start.
+``expert_load_min``/``max`` and ``aux_loss`` (``moe_log.py``), a model with multi-token prediction
+``mtp_loss`` (``mtp_log.py``). NaN and inf are not JSON: they are written as null. A fresh run starts the file anew; a resumed one keeps the steps up to its start.
 """
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ from .faults import FaultInjector
 from .heartbeat import Heartbeat
 from .inputs import build_inputs
 from .model_builder import build_model
+from .mtp_log import combined
 from .monitoring import TensorBoardLog, write_loss_svg
 from ..generation import GenerationConfig
 from .predict import check_batch_size, complete, generate, generation_config, read_prompts, run_predict
@@ -214,7 +215,7 @@ class Trainer:
                         or os.path.join(self.output_dir, "loss.jsonl"), self.rank, start, self.total_steps,
                         self.global_batch * int(cfg.model.model_config.seq_length),
                         int(monitor.get("per_print_times", 1) or 1) if monitor is not None else 1, self.log,
-                        extra=self.built.moe)
+                        extra=combined(self.built.moe, self.built.mtp))
         board = TensorBoardLog.from_config(cfg, self.rank)     # rank 0 only; no-op without tensorboard_dir
         history, batches, last_saved = [], self.inputs.batches(), start
         applied = int(self.optimizer.global_step.asnumpy())   # optimizer steps taken (skipped steps excluded)

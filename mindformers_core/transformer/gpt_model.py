@@ -3,7 +3,9 @@
 With pipeline parallelism a stage builds a GPTModel for its own part: ``pre_process`` (the
 embedding, ids in) only on the first stage, ``post_process`` (final norm, output layer, loss)
 only on the last; by default both follow from the stage. Tied embeddings reuse the embedding
-table as the output weight (``logits = h @ E^T``); that needs both ends in the same model.
+table as the output weight (``logits = h @ E^T``); that needs both ends in the same model. With
+``mtp_num_layers`` the multi-token prediction depths (``mtp.py``) follow the final norm and add their term to
+the loss, through this model's embedding and head (so they too need both ends: no pipeline yet).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from .init import init_weights
 from .layer import gpt_layer_spec
 from .linear import ColumnParallelLinear
 from .loss import MaskedMean, VocabParallelCrossEntropy
+from .mtp import MultiTokenPrediction
 
 
 class TiedOutputLayer(nn.Cell):
@@ -83,6 +86,15 @@ class GPTModel(nn.Cell):
             self.loss = VocabParallelCrossEntropy()
             self.token_loss = VocabParallelCrossEntropy(reduction="none")
             self.masked_mean = MaskedMean()
+        # multi-token prediction (mtp.py): its depths after the final norm, sharing the embedding and the head
+        self.has_mtp = config.mtp_depths > 0
+        if self.has_mtp:
+            if not (self.pre_process and self.post_process):
+                raise ValueError(f"GPTModel: mtp_num_layers={config.mtp_num_layers} needs the embedding and the "
+                                 f"output layer in the same model (pre_process={self.pre_process}, "
+                                 f"post_process={self.post_process}): MTP with pipeline parallelism is not "
+                                 "implemented")
+            self.mtp = MultiTokenPrediction(config, layer_spec)
         # MoE: the load-balancing loss joins the loss; a pipeline stage without the output layer returns
         # (hidden states, its layers' load-balancing loss), a stage-local loss term (pipeline/runtime.py)
         self.returns_aux = self.decoder.returns_aux
@@ -98,11 +110,41 @@ class GPTModel(nn.Cell):
                 return decoded
             x, aux = decoded
             loss = self._head(x, labels, loss_mask)
-            return loss if labels is None else loss + aux
+            if labels is None:
+                return loss
+            if self.has_mtp:
+                loss = loss + self._mtp(x, input_ids, labels, loss_mask, position_ids, segment_ids)
+            return loss + aux
         x = self.decoder(x, position_ids, segment_ids)
         if not self.post_process:
             return x
-        return self._head(x, labels, loss_mask)
+        loss = self._head(x, labels, loss_mask)
+        if self.has_mtp and labels is not None:
+            return loss + self._mtp(x, input_ids, labels, loss_mask, position_ids, segment_ids)
+        return loss
+
+    def _mtp(self, hidden, input_ids, labels, loss_mask, position_ids, segment_ids):
+        """The multi-token prediction term (with its layers' load-balancing losses): depth k embeds the ids
+        shifted by k with this model's embedding, runs its layer on the previous depth's hidden states, and is
+        scored by this model's head against the labels shifted by k."""
+        mtp = self.mtp
+        losses, aux = (), ()
+        for k in range(mtp.depths):
+            layer = mtp.layers[k]
+            embedded = self.embedding(mtp.shifted(input_ids, layer))
+            if mtp.returns_aux:
+                hidden, a = layer(hidden, embedded, position_ids, segment_ids)
+                aux = aux + (a,)
+            else:
+                hidden = layer(hidden, embedded, position_ids, segment_ids)
+            losses = losses + (mtp.depth_loss(self._logits(hidden), labels, loss_mask, layer),)
+        total = losses[0]
+        for loss_k in losses[1:]:
+            total = total + loss_k
+        term = mtp.total(total)
+        for a in aux:
+            term = term + a
+        return term
 
     def decode(self, input_ids, position_ids, cache_slots, kv_mask, last_only=False):
         """Generation against the KV caches attached to the attention layers (``generation.cache``): logits
@@ -118,12 +160,14 @@ class GPTModel(nn.Cell):
             x = x[:, -1:, :]
         return self._head(x, None, None)
 
+    def _logits(self, x):
+        if self.tie:
+            return self.output_layer(x, self.embedding.word_embeddings.weight)
+        return self.output_layer(x)
+
     def _head(self, x, labels, loss_mask):
         """Logits, or the loss: the mean over every token, or over the tokens ``loss_mask`` keeps."""
-        if self.tie:
-            logits = self.output_layer(x, self.embedding.word_embeddings.weight)
-        else:
-            logits = self.output_layer(x)
+        logits = self._logits(x)
         if labels is None:
             return logits
         if loss_mask is None:

@@ -1,0 +1,129 @@
+"""Multi-token prediction (transformer/mtp.py) on one process: the loss term against a NumPy computation of the
+depths (shift, concat order, masks, average, scale), the shared embedding's gradient, PyNative = jit, and the
+bad configs named up front."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor
+
+from mindformers_core.transformer import GPTModel, TransformerConfig
+
+V, S, H = 32, 8, 16
+
+
+def cfg(**kw):
+    base = dict(num_layers=2, hidden_size=H, num_attention_heads=2, vocab_size=V, seq_length=S,
+                ffn_hidden_size=32, mtp_num_layers=1, mtp_loss_scaling_factor=0.3)
+    base.update(kw)
+    return TransformerConfig(**base)
+
+
+def rms(x, w, eps=1e-5):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def ce(logits, labels):
+    m = logits.max(-1, keepdims=True)
+    lse = np.log(np.exp(logits - m).sum(-1)) + m[..., 0]
+    return lse - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+
+
+def numpy_mtp_term(model, ids, labels, mask):
+    """The MTP term, every step but the depth's transformer layer (a tested Cell of its own) in NumPy."""
+    c = model.config
+    P = {p.name: p.asnumpy().astype(np.float64) for p in model.get_parameters()}
+    hidden = model.decoder(model.embedding(Tensor(ids))).asnumpy().astype(np.float64)   # after the final norm
+    emb, out = P["embedding.word_embeddings.weight"], P["output_layer.weight"]
+    b, s = ids.shape
+    losses = []
+    for k in range(1, c.mtp_num_layers + 1):
+        pre = f"mtp.layers.{k - 1}."
+        idx = np.minimum(np.arange(s) + k, s - 1)
+        e = emb[ids[:, idx]]
+        x = np.concatenate([rms(e, P[pre + "enorm.weight"]), rms(hidden, P[pre + "hnorm.weight"])], -1)
+        x = x @ P[pre + "eh_proj.weight"]
+        layer = model.mtp.layers[k - 1].transformer_layer
+        x = layer(Tensor(x.astype(np.float32))).asnumpy().astype(np.float64)
+        hidden = rms(x, P[pre + "shared_head_norm.weight"])
+        tok = ce(hidden @ out, labels[:, idx])
+        m = mask[:, idx] * (np.arange(s) + k < s)[None]
+        losses.append((tok * m).sum() / m.sum())
+    return c.mtp_loss_scaling_factor * np.mean(losses)
+
+
+@pytest.mark.parametrize("depths", [1, 2])
+def test_mtp_term_matches_numpy_with_masked_tokens(depths):
+    ms.set_seed(3)
+    c = cfg(mtp_num_layers=depths)
+    model = GPTModel(c)
+    rng = np.random.default_rng(depths)
+    ids = rng.integers(0, V, (2, S)).astype(np.int32)
+    labels = rng.integers(0, V, (2, S)).astype(np.int32)
+    mask = np.ones((2, S), np.float32)
+    mask[0, :3] = 0          # a prompt: no loss there
+    mask[1, 5] = 0
+    total = float(model(Tensor(ids), Tensor(labels), Tensor(mask)))
+    main = float(model._head(model.decoder(model.embedding(Tensor(ids))), Tensor(labels), Tensor(mask)))
+    want = numpy_mtp_term(model, ids, labels, mask)
+    assert abs((total - main) - want) < 1e-5 * max(1.0, abs(want)), (total - main, want)
+    assert abs(float(model.mtp.probe.loss_sum.asnumpy()) - want) < 1e-5     # what the step log reads
+    # no mask: every position whose target t + k is inside the sequence counts
+    model.mtp.probe.loss_sum.set_data(Tensor(np.zeros((), np.float32)))
+    total = float(model(Tensor(ids), Tensor(labels)))
+    main = float(model._head(model.decoder(model.embedding(Tensor(ids))), Tensor(labels), None))
+    want = numpy_mtp_term(model, ids, labels, np.ones((2, S), np.float32))
+    assert abs((total - main) - want) < 1e-5 * max(1.0, abs(want))
+
+
+def test_mtp_weights_are_the_depths_own_and_the_embedding_gets_their_gradient():
+    ms.set_seed(4)
+    model = GPTModel(cfg())
+    names = [p.name for p in model.trainable_params()]
+    own = [n for n in names if n.startswith("mtp.")]
+    assert "mtp.layers.0.eh_proj.weight" in own and "mtp.layers.0.transformer_layer.mlp.linear_fc2.weight" in own
+    assert not any("embedding" in n or "output_layer" in n for n in own)      # shared, not copied
+    # the depth's layer is drawn under its own name, not a copy of the last decoder layer
+    P = {p.name: p.asnumpy() for p in model.get_parameters()}
+    assert not np.allclose(P["mtp.layers.0.transformer_layer.mlp.linear_fc2.weight"],
+                           P["decoder.layers.1.mlp.linear_fc2.weight"])
+    ids = Tensor(np.random.default_rng(0).integers(0, V, (2, S)).astype(np.int32))
+    params = model.trainable_params()
+    grad = ms.value_and_grad(model, None, params)
+    loss, grads = grad(ids, ids)
+    g = dict(zip(names, grads))
+    assert float(np.abs(g["mtp.layers.0.eh_proj.weight"].asnumpy()).max()) > 0
+    # factor 0: the same model without the MTP term; the embedding's gradient differs by the MTP part
+    model.mtp.scale = 0.0
+    _, grads0 = ms.value_and_grad(model, None, params)(ids, ids)
+    g0 = dict(zip(names, grads0))
+    diff = np.abs(g["embedding.word_embeddings.weight"].asnumpy() - g0["embedding.word_embeddings.weight"].asnumpy())
+    assert diff.max() > 1e-6
+    assert float(np.abs(g0["mtp.layers.0.eh_proj.weight"].asnumpy()).max()) == 0.0
+    model.mtp.scale = 0.3
+    loss_j, grads_j = ms.jit(grad)(ids, ids)                     # PyNative = jit
+    assert abs(float(loss) - float(loss_j)) < 1e-6
+    assert max(float(np.abs(a.asnumpy() - b.asnumpy()).max()) for a, b in zip(grads, grads_j)) < 1e-6
+
+
+def test_mtp_with_tied_embeddings_and_moe_layers():
+    ms.set_seed(5)
+    c = cfg(tie_word_embeddings=True, num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.01,
+            moe_first_k_dense_layers=1, mtp_num_layers=2)
+    model = GPTModel(c)
+    names = [p.name for p in model.trainable_params()]
+    assert "mtp.layers.1.transformer_layer.mlp.experts.w_gate" in names          # built like the last layer (MoE)
+    ids = Tensor(np.random.default_rng(1).integers(0, V, (2, S)).astype(np.int32))
+    loss, grads = ms.value_and_grad(model, None, model.trainable_params())(ids, ids)
+    assert np.isfinite(float(loss)) and float(model.mtp.probe.forwards.asnumpy()) == 1.0
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(mtp_num_layers=-1), "mtp_num_layers=-1"),
+    (dict(mtp_num_layers=1.5), "mtp_num_layers=1.5"),
+    (dict(mtp_loss_scaling_factor=-0.1), "mtp_loss_scaling_factor=-0.1"),
+    (dict(pipeline_model_parallel_size=2), "pipeline parallelism is not implemented"),
+    (dict(context_parallel_size=2), "context parallelism"),
+])
+def test_bad_mtp_configs_are_named(kw, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        cfg(**kw)
