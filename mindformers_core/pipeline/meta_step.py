@@ -39,9 +39,15 @@ Two models of point-to-point, chosen by the ``blocking_send`` argument of ``vali
   (same microbatch and stage as the ``FWD_RECV`` / ``BWD_RECV`` it completes) blocks until the
   transfer is done; place it right before the step that uses the data and the receive as early
   as you like. A receive with no wait step later in its rank's list waits where it stands
-  (post + wait in one, PyTorch's deferred receive). A rank can only block at a wait, so a posted
-  order deadlocks only if a wait needs a send that comes after a wait on the sender's side
-  that (transitively) needs this rank: the validator replays it and names the cycle.
+  (post + wait in one: a blocking receive). PyTorch's orders have no such receive: its runtime
+  waits on every receive in the step that uses the data, wherever the receive was posted (so a
+  PyTorch order reads here as its receives, each with a wait right before its consumer). A rank
+  can only block at a wait, so a posted order deadlocks only if a wait needs a send that comes
+  after a wait on the sender's side that (transitively) needs this rank: the validator replays
+  it and names the cycle. Between two ranks, the receiver must post its receives from the
+  sender in the order the sender posts its sends to it (validator rule ``pair_order``):
+  transports that match messages per pair in post order (NCCL and HCCL ignore tags) would hand
+  a receive another message of the same shape, silently.
   In the blocking model a wait step is a no-op (its receive already completed the transfer).
 """
 from __future__ import annotations

@@ -9,8 +9,10 @@ their inputs come earlier in the same list). Two models for point-to-point (see 
   finishes with posted sends. Wait steps are no-ops.
 * ``blocking=False`` (posted, ``isend``/``irecv`` on Ascend/GPU): a send posts and returns at once;
   a receive posts its buffer and returns at once when a wait step for it comes later on its rank,
-  else it waits where it stands. The transfer runs from the moment both sides are posted for the
+  else it waits where it stands (a blocking receive). The transfer runs from the moment both sides are posted for the
   send's duration; a wait (or a receive without a wait) ends when the transfer is done.
+  Receives meet their own sends here, whatever the post order; the validator's ``pair_order``
+  rule checks beforehand that a transport matching per pair in post order would pair them so.
 """
 from __future__ import annotations
 

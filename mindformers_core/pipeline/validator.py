@@ -18,6 +18,11 @@ Rules, in the order they are checked (the ``rule`` of the raised ScheduleError):
   after FWD of s-1, BWD of s after BWD of s+1;
 * ``dataflow``  the compute steps alone can finish with free communication (else the chain of
   ranks waiting for each other's data is named, see ``compute_order``);
+* ``pair_order`` (posted model) between any two ranks, the receiver posts its receives from the
+  sender in the order the sender posts its sends to it. Transports that match point-to-point
+  messages in post order per pair (NCCL and HCCL ignore tags) would otherwise hand a receive
+  another message of the same shape, silently. Under blocking rendezvous such an order is a
+  ``deadlock`` already (each send waits for its own receive);
 * ``deadlock``  replaying the sends/receives (see ``replay``: blocking rendezvous by default,
   posted sends and receives with ``blocking_send=False``), every rank finishes.
 """
@@ -221,7 +226,40 @@ def validate_schedule(exec_order: Mapping[int, Sequence[MetaStep]], stage_num: i
             seen.update(step.parts)
 
     ideal_timeline(compute_only(exec_order), stage_num, routes=routes)
+    if not blocking_send:
+        _check_pair_order(exec_order, rank_of)
     replay(exec_order, duration=lambda step: 1.0, blocking=blocking_send)
+
+
+def _check_pair_order(exec_order: Mapping[int, Sequence[MetaStep]], rank_of: Sequence[int]) -> None:
+    """Rule ``pair_order``: for every (sender, receiver) pair of ranks, the k-th receive the
+    receiver posts from the sender is the peer of the k-th send the sender posts to it.
+    Raises naming the pair, the receiving rank and both steps (with their positions)."""
+    sends: Dict[Tuple[int, int], List[Tuple[int, MetaStep]]] = {}
+    recvs: Dict[Tuple[int, int], List[Tuple[int, MetaStep]]] = {}
+    for rank, steps in exec_order.items():
+        for i, step in enumerate(steps):
+            if step.type.is_send:
+                sends.setdefault((rank, rank_of[step.neighbour_stage]), []).append((i, step))
+            elif step.type.is_recv:
+                recvs.setdefault((rank_of[step.neighbour_stage], rank), []).append((i, step))
+    for (src, dst), posted in sorted(recvs.items()):
+        sent = sends.get((src, dst), [])
+        where = {step: i for i, step in sent}
+        for k, (j, recv) in enumerate(posted):
+            if k >= len(sent) or recv.peer() == sent[k][1]:
+                continue
+            i, other = sent[k]
+            own = where.get(recv.peer())
+            raise ScheduleError(
+                "pair_order",
+                f"rank {dst} posts its receives from rank {src} in another order than rank {src} posts "
+                f"its sends to rank {dst}: this is its receive #{k} from rank {src}, but rank {src}'s send "
+                f"#{k} to rank {dst} is {other!r} (its step {i})"
+                + (f"; {recv.peer()!r} comes at its step {own}" if own is not None else "")
+                + f". Transports matching messages in post order per pair (NCCL/HCCL ignore tags) would "
+                f"hand {recv!r} the data of {other!r}; post the receives in the sender's order",
+                rank=dst, index=j, step=recv)
 
 
 def describe_exec_order(exec_order: Mapping[int, Sequence[MetaStep]]) -> Tuple[int, int, Tuple[int, ...]]:
