@@ -14,6 +14,7 @@ import mindspore as ms
 
 from ..common.sequence_placement import normalize_algorithm, storage_positions
 from ..common.sequence_placement import problems as cp_problems
+from .yarn import yarn_problems
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
@@ -46,6 +47,8 @@ class TransformerConfig:
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     position_embedding_type: str = "rope"
+    rotary_interleaved: bool = False               # rotate channel pairs (0,1), (2,3), ... (DeepSeek's rope_interleave)
+    rotary_scaling: Optional[Any] = None           # YaRN: {type: yarn, factor, original_max_position_embeddings, ...}
     max_position_embeddings: Optional[int] = None  # rows of the by-position rotary tables (None: seq_length)
     init_method_std: float = 0.02
     hidden_dropout: float = 0.0
@@ -123,6 +126,10 @@ class TransformerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v < 1.0:
                 _fail(name, v, "must be a probability in [0, 1)")
+        for field, value, rule in yarn_problems(self.rotary_scaling):
+            _fail(field, value, rule)
+        if not isinstance(self.rotary_interleaved, bool):
+            _fail("rotary_interleaved", self.rotary_interleaved, "must be true or false")
         if not isinstance(self.rotary_percent, (int, float)) or not 0.0 < self.rotary_percent <= 1.0:
             _fail("rotary_percent", self.rotary_percent, "must be in (0, 1]")
         for name in ("rotary_base", "init_method_std", "layernorm_epsilon"):
