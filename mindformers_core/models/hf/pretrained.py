@@ -19,8 +19,19 @@ def from_pretrained(folder: str, **model_config: Any):
     config = dict(config, **model_config)
     model = spec.model_class(spec.config_class.from_model_config(config))
     weights = list(model.trainable_params())
-    values = load_hf_weights(open_folder(folder), spec.state_dict_adapter, {p.name: tuple(p.shape) for p in weights})
+    adapter, held = spec.state_dict_adapter, set(open_folder(folder).tensors)
+    for p in model.get_parameters():           # state the folder holds too (DeepSeek-V3's expert bias)
+        if not p.requires_grad and _held(adapter, p, held):
+            weights.append(p)
+    values = load_hf_weights(open_folder(folder), adapter, {p.name: tuple(p.shape) for p in weights})
     for p in weights:
         p.set_data(ms.Tensor(np.asarray(values[p.name]).astype(ms.dtype_to_nptype(p.dtype))))
     return model
 
+
+
+def _held(adapter, p, held) -> bool:
+    try:
+        return set(adapter.hf_names(p.name, tuple(p.shape))) <= held
+    except KeyError:
+        return False

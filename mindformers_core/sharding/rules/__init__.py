@@ -2,7 +2,7 @@
 the input layouts the op requires. ``infer(op, layouts, shapes, **attrs)`` applies one; an op with
 no rule is an error. One module per op family; importing this package registers them all.
 """
-from . import (attention, elementwise, embedding, kv_cache, loss, matmul, moe, normalization,  # noqa: F401
+from . import (attention, elementwise, embedding, kv_cache, loss, matmul, mla, moe, normalization,  # noqa: F401
                reduction, rotary, shape, slicing)
 from .common import make_layout
 from .elementwise import broadcast_rule
