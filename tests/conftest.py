@@ -19,9 +19,24 @@ pynative_sync({})
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Batched msrun bodies launch only for the modules of the tests that will run."""
+    """Batched msrun bodies launch only for the modules of the tests that will run. The launches start now,
+    in the background (MFC_BATCH_PRELAUNCH=0 keeps them until a test asks), and the tests are ordered so that
+    the one-process ones run meanwhile: first the tests that start no workers, then the modules waiting for
+    the batched launches, last the modules launching workers of their own (their deadlines are set for a
+    machine that is not also running a batch)."""
     from tests.msrun_batch import BATCH
-    BATCH.select({item.module.__name__ for item in items if getattr(item, "module", None) is not None})
+    modules = {item.module.__name__ for item in items if getattr(item, "module", None) is not None}
+    BATCH.select(modules)
+    batched = {j.group for j in BATCH.jobs.values()}
+
+    def phase(item):
+        name = getattr(getattr(item, "module", None), "__name__", "")
+        if name in batched:
+            return 1
+        return 2 if item.get_closest_marker("msrun") is not None else 0
+    items.sort(key=phase)               # stable: each module keeps its tests' order
+    if os.environ.get("MFC_BATCH_PRELAUNCH", "1") != "0" and any(phase(i) == 0 for i in items):
+        BATCH.prelaunch()
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ On any failure the error shows the tail of every rank's log.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pickle
@@ -52,6 +53,15 @@ def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+_LIVE: set = set()      # launches still running (a background thread's): killed when the interpreter exits
+
+
+@atexit.register
+def _kill_live_launches() -> None:
+    for pid in list(_LIVE):
+        kill_tree(pid)
 
 
 def kill_tree(pid: int) -> None:
@@ -144,6 +154,7 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
         threads = {"MFC_CPU_THREADS": os.environ.get("MFC_CPU_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env({**threads, **(env or {})}),
                                 cwd=work_dir, start_new_session=True)
+        _LIVE.add(proc.pid)
         try:
             outcome = _wait(proc, out_dir, start + timeout, nproc)
             failed_early = outcome == "error"
@@ -153,6 +164,7 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
         finally:
             kill_tree(proc.pid)  # no orphans, whatever happened
             proc.wait()
+            _LIVE.discard(proc.pid)
     rc = 0 if outcome == "results" else proc.returncode   # killed after every rank delivered
     results, missing = [], []
     for r in range(nproc):

@@ -1,0 +1,47 @@
+"""MsrunBatch.prelaunch: the launches start in a background thread, one worker count after the other, the
+kwargs callables are made in the calling thread, and a job's results() waits for its launch (run_msrun is
+replaced by a recorder: no workers start; the real launches are what every msrun test of the suite uses)."""
+import threading
+import time
+
+import pytest
+
+from mindformers_core.testing import batch as batch_module
+from mindformers_core.testing.batch import MsrunBatch
+from mindformers_core.testing.msrun import MsrunError
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    seen = []
+
+    def fake_run_msrun(target, nproc, kwargs, timeout, env=None):
+        seen.append((nproc, [name for name, _, _ in kwargs["jobs"]], threading.current_thread().name))
+        time.sleep(0.05)
+        if nproc == 8:
+            raise MsrunError("rank 3 failed")
+        return [{name: (rank, kw) for name, _, kw in kwargs["jobs"]} for rank in range(nproc)]
+    monkeypatch.setattr(batch_module, "run_msrun", fake_run_msrun)
+    return seen
+
+
+def test_prelaunch_runs_each_worker_count_once_in_the_background(launches):
+    made_in = []
+    batch = MsrunBatch()
+    a = batch.add("a", 2, "m:f", lambda: made_in.append(threading.current_thread().name) or {"x": 1}, group="g1")
+    b = batch.add("b", 4, "m:f", {"y": 2}, group="g1")
+    c = batch.add("c", 2, "m:f", {"z": 3}, group="g2")
+    skipped = batch.add("d", 2, "m:f", {}, group="not selected")
+    failing = batch.add("e", 8, "m:f", {}, group="g2")
+    batch.select({"g1", "g2"})
+    assert batch.prelaunch() == [2, 4, 8]
+    assert made_in == [threading.current_thread().name]          # kwargs made here, not in the thread
+    assert b.results() == [(r, {"y": 2}) for r in range(4)]       # waits for the 2-rank launch, then the 4-rank
+    assert a.results()[1] == (1, {"x": 1}) and c.results()[0] == (0, {"z": 3})
+    assert [(n, names) for n, names, _ in launches] == [(2, ["a", "c"]), (4, ["b"]), (8, ["e"])]
+    assert {thread for _, _, thread in launches} == {"msrun-batch-prelaunch"}
+    with pytest.raises(MsrunError, match="(?s)job 'e'.*rank 3 failed"):
+        failing.results()
+    assert skipped.results() == [(0, {}), (1, {})]                # outside the selection: launched when asked
+    assert [n for n, _, _ in launches] == [2, 4, 8, 2]
+    assert batch.prelaunch() == []                                # nothing left to start
