@@ -64,7 +64,7 @@ REMAINING = {     # (issue 30: head_dim, Qwen3ForCausalLM, use_flash_attention: 
     "pretrain_qwen3_30b_a3b_4k.yaml": [WORKERS, "model.model_config.seq_length"],
     "pretrain_deepseek3_671b.yaml": [
         WORKERS, "model.model_config.architectures", "model.model_config.multi_latent_attention",
-        "model.model_config.num_heads", "model.model_config.num_nextn_predict_layers",
+        "model.model_config.num_heads",
         "parallel.parallel_optimizer_config.optimizer_weight_shard_size",
         "parallel.pipeline_config.pipeline_scheduler"],
     "llm_pretrain_dense_template.yaml": [   # its pretrained_model_dir 'path/to/model_dir' is read, and missing
@@ -73,8 +73,11 @@ REMAINING = {     # (issue 30: head_dim, Qwen3ForCausalLM, use_flash_attention: 
     "pynative_train_config.yaml": [
         "callbacks[0].type", "callbacks[1].type", "model.hidden_size",
         "model.num_attention_heads", "model.num_hidden_layers", "model.seq_length", "model.vocab_size"],
-    "pynative_ds3.yaml": ["model.architectures", "model.multi_latent_attention", "model.num_nextn_predict_layers",
-                          "model.position_embedding_type"],
+    # multi-latent attention and YaRN (issue 32) refused by name until built; the MTP keys are read
+    "pynative_ds3.yaml": ["model.architectures", "model.beta_fast", "model.beta_slow", "model.kv_lora_rank",
+                          "model.mscale", "model.mscale_all_dim", "model.multi_latent_attention",
+                          "model.position_embedding_type", "model.q_lora_rank", "model.qk_nope_head_dim",
+                          "model.qk_rope_head_dim", "model.rotary_scaling_factor", "model.v_head_dim"],
 }
 NOT_APPLIED = {   # a few of the keys each file lists as not applied on CPU
     "pretrain_llama2_7b.yaml": ["context.max_device_memory", "runner_wrapper.scale_sense.loss_scale_value",
@@ -87,7 +90,7 @@ NOT_APPLIED = {   # a few of the keys each file lists as not applied on CPU
     "pynative_train_config.yaml": ["monitor.train_state.local_norm", "profiler.enable_profiling",
                                    "checkpoint.save_path",
                                    "context.max_device_memory"],
-    "pynative_ds3.yaml": ["parallelism.data_parallel_shard_strategy", "model.kv_lora_rank", "recompute.full_recompute_layer"],
+    "pynative_ds3.yaml": ["parallelism.data_parallel_shard_strategy", "recompute.full_recompute_layer"],
 }
 
 

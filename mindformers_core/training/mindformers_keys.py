@@ -45,6 +45,9 @@ MODEL_ALIASES: Dict[str, str] = {
     "max_position_embedding": "max_position_embeddings", "qkv_has_bias": "add_qkv_bias",
     "attention_bias": "add_qkv_bias", "untie_embeddings_and_output_weights": "tie_word_embeddings",
     "use_qk_norm": "qk_layernorm", "kv_channels": "head_dim", "num_local_experts": "num_experts",
+    # multi-token prediction (transformer/mtp.py): research/deepseek3 graph-mode, configs/deepseek3 and PyNative names
+    "mtp_depth": "mtp_num_layers", "num_nextn_predict_layers": "mtp_num_layers",
+    "mtp_loss_factor": "mtp_loss_scaling_factor",
 }
 NEGATED = {"untie_embeddings_and_output_weights"}      # value read as `not value`
 
@@ -68,12 +71,15 @@ MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "post_layer_norm": ((True, None), "a final norm is always applied; set it to True"),
     "apply_residual_connection_post_layernorm": ((False, None), "post-norm residuals are not implemented; "
                                                                 "set it to False"),
-    "num_nextn_predict_layers": ((0, None), "multi-token prediction (MTP) is not implemented; set it to 0"),
     "extend_method": (("None", None), "long-context RoPE extension (PI/NTK) is not implemented; set it to 'None'"),
     "scaling_factor": ((1, 1.0, None), "RoPE scaling is not implemented; set it to 1.0"),
     "pre_seq_len": (("None", None, 0), "prefix tuning is not implemented; set it to None"),
     "quantization_bit": ((0, None), "quantized training is not implemented; set it to 0"),
     "use_past": ((False, None), "incremental inference (use_past) is not implemented; set it to False"),
+    # DeepSeek-V3's multi-latent attention sizes and YaRN (issue 32): refused by name until they are built (a
+    # model trained without them would not be the one the file describes)
+    **{k: ((None,), "YaRN rotary scaling is not implemented yet; remove it (plain RoPE)")
+       for k in ("rotary_scaling_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")},
 }
 # moe_router_pre_softmax: True = our router (softmax over every expert, then top-k); False (Megatron's softmax
 # over the k chosen logits) = the same weights as renormalizing the top k: read as norm_topk_prob True
@@ -101,10 +107,7 @@ MODEL_NOT_APPLIED: Dict[str, str] = dict(
     **{"output_router_logits": INFERENCE},
     # the load-balancing loss is always part of the loss here (and logged apart in loss.jsonl)
     **{"return_extra_loss": MISC, "trust_remote_code": REMOTE_CODE},
-    **{k: MISC for k in ("multiple_of", "expand_ratio", "prefix_projection", "mtp_loss_factor",
-                         "mtp_loss_scaling_factor", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
-                         "qk_nope_head_dim", "v_head_dim", "rotary_scaling_factor", "beta_fast", "beta_slow",
-                         "mscale", "mscale_all_dim", "model_type", "architectures")},
+    **{k: MISC for k in ("multiple_of", "expand_ratio", "prefix_projection", "model_type", "architectures")},
 )
 
 # DeepSeek-V3's graph-mode moe_config block: key -> model.model_config key (value transforms in dialects.py)

@@ -215,6 +215,7 @@ class _Checks:
             self.pipeline_errors()
         if shape.cp > 1:
             self.context_parallel_errors()
+        self.mtp_errors()
         self.moe_errors()
         models = registered_models()
         if cfg.model.arch.type not in models:
@@ -243,6 +244,22 @@ class _Checks:
         problem = shape.world_problem(worker_num, "the worker count")
         if problem:
             errors.append(problem + " (msrun --worker_num)")
+
+    def mtp_errors(self) -> None:
+        """Multi-token prediction (docs/mtp.md) with what it does not combine with yet."""
+        cfg, shape = self.cfg, self.shape
+        depths = cfg.model.model_config.get("mtp_num_layers")
+        if not depths:
+            return
+        origin = getattr(getattr(cfg, "report", None), "origin", {}) or {}
+        key = origin.get("model.model_config.mtp_num_layers", "model.model_config.mtp_num_layers")
+        for size, name, why in ((shape.pp, "parallel_config.pipeline_stage", "the MTP depths sit with the output "
+                                 "layer on the last stage and need the first stage's embedding"),
+                                (shape.cp, "parallel_config.context_parallel", "the depths shift tokens along the "
+                                 "sequence, which context parallelism splits over ranks")):
+            if size > 1:
+                self.errors.append(f"{key} = {depths}: multi-token prediction with {name} = {size} is not "
+                                   f"implemented ({why}); use {name} 1 or set {key} to 0")
 
     def pipeline_errors(self) -> None:
         """Pipeline settings the schema cannot judge alone: build this job's schedule from stage

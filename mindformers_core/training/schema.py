@@ -192,6 +192,20 @@ SCHEMA = Section({
             "head_dim": F("int|null", None, "Size of one attention head (mcore's kv_channels); null = hidden_size / "
                                             "num_heads. Qwen3: 128 with hidden 5120 and 64 heads (q projects "
                                             "hidden -> num_heads x head_dim).", min=1),
+            # multi-latent attention (DeepSeek-V3, transformer/mla.py; docs/deepseek_v3.md) and YaRN
+            "q_lora_rank": F("int|null", None, "MLA: the query latent's size; null/0 = a plain q projection "
+                                               "(DeepSeek-V2-Lite).", min=0),
+            "kv_lora_rank": F("int|null", None, "MLA: the key/value latent's size (DeepSeek-V3: 512); needed by "
+                                                "DeepseekV3ForCausalLM.", min=1),
+            "qk_nope_head_dim": F("int|null", None, "MLA: each head's non-rotary query/key part.", min=1),
+            "qk_rope_head_dim": F("int|null", None, "MLA: the rotary query/key part (one key part shared by the "
+                                                    "heads); even.", min=1),
+            "v_head_dim": F("int|null", None, "MLA: each head's value size.", min=1),
+            "rope_scaling": F("dict|null", None, "YaRN rotary scaling (config.json's rope_scaling: type yarn, factor, "
+                                                 "original_max_position_embeddings, beta_fast, beta_slow, mscale, "
+                                                 "mscale_all_dim); null = plain RoPE."),
+            "rope_interleave": F("bool|null", None, "Rotate channel pairs (0,1), (2,3), ... (DeepSeek's "
+                                                    "checkpoints) instead of halves; null = the family's."),
             "tie_word_embeddings": F("bool", False, "Share embedding and output weights."),
             "compute_dtype": F("str", "float32", "Matmul dtype.", choices=("float32", "float16", "bfloat16")),
             "param_init_dtype": F("str", "float32", "Parameter dtype.",
@@ -201,6 +215,11 @@ SCHEMA = Section({
             "pet_config": F("dict|null", None, "LoRA fine-tuning (MindFormers' pet_config: pet_type lora, lora_rank, "
                                                "lora_alpha, lora_dropout, target_modules regex; the PyNative "
                                                "dialect's lora_config maps here; docs/finetune.md)."),
+            "mtp_num_layers": F("int|null", None, "Multi-token prediction depths after the main model (DeepSeek-V3: 1; "
+                                                  "MindFormers' mtp_depth / num_nextn_predict_layers; docs/mtp.md); "
+                                                  "null or 0 = none.", min=0),
+            "mtp_loss_scaling_factor": F("float", 0.1, "The MTP term added to the loss is this x the mean of the "
+                                                       "depths' losses (MindFormers' mtp_loss_factor).", min=0),
             "offset": F("int|list[int]", 0, "MindFormers layer split: per-stage adjustments added to "
                                             "num_layers // stages; must sum to num_layers % stages."),
             # mixture of experts (docs/moe.md): Qwen3-MoE / mcore names; DeepSeek-V3's moe_config maps here

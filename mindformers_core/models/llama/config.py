@@ -21,7 +21,12 @@ _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidde
             "rms_norm_eps": "layernorm_epsilon", "rope_theta": "rotary_base",
             "tie_word_embeddings": "tie_word_embeddings", "compute_dtype": "compute_dtype",
             "param_init_dtype": "params_dtype", "offset": "offset", "add_qkv_bias": "add_qkv_bias",
-            "qk_layernorm": "qk_layernorm", "head_dim": "kv_channels", "kv_channels": "kv_channels"}
+            "qk_layernorm": "qk_layernorm", "head_dim": "kv_channels", "kv_channels": "kv_channels",
+            "mtp_num_layers": "mtp_num_layers", "mtp_loss_scaling_factor": "mtp_loss_scaling_factor"}
+# YaRN and DeepSeek's pairwise rope (transformer/yarn.py, rotary.py): any Llama-shaped family may use them
+_RENAMED.update({"rope_scaling": "rotary_scaling", "rope_interleave": "rotary_interleaved"})
+# multi-latent attention's sizes: DeepSeek-V3's (models/deepseek_v3); null (the schema's default) is no MLA
+MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
 # rotary tables are built for seq_length; use_flash_attention: the same attention computed unfused (CPU)
 _IGNORED = ("type", "max_position_embeddings", "use_flash_attention", "pet_config")   # pet_config: LoRA, peft/
@@ -58,8 +63,11 @@ class LlamaConfig(TransformerConfig):
         model_config = dict(model_config)
         kwargs = {}
         for key, value in model_config.items():
-            if key in _IGNORED or is_moe_key(key):
+            if key in _IGNORED or is_moe_key(key) or (key in MLA_ONLY and value is None):
                 continue
+            if key in MLA_ONLY:
+                raise ValueError(f"{cls.__name__}: model_config.{key}={value!r}: multi-latent attention is "
+                                 "DeepseekV3ForCausalLM's (model.arch.type / architectures); this family has none")
             if key in _RENAMED and value is None:
                 continue                        # null: the family's default (Qwen3's q/k norm, Qwen2's biases)
             if key in _RENAMED:
