@@ -14,10 +14,13 @@ def _whole(x, dims):
 
 
 @register_rule("split", "chunk")
-def split(layouts, shapes, *, axis=0, dim=None, output_num=None, chunks=None, split_size_or_sections=None):
+def split(layouts, shapes, *, axis=0, dim=None, output_num=None, chunks=None, split_size_or_sections=None,
+          sizes=None):
     """Pieces: ``output_num``/``chunks`` equal pieces, or ``split_size_or_sections`` (a piece size
-    or a list of sizes). One output layout per piece."""
+    or a list of sizes; ``sizes``: the pieces' sizes as the tracer records them). One output layout per piece."""
     expect_inputs(layouts, 1)
+    if sizes is not None:
+        split_size_or_sections = list(sizes)
     x, shape = common_mesh_layout(layouts), shapes[0]
     a = norm_axis(axis if dim is None else dim, len(shape))
     size = shape[a]
