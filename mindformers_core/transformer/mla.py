@@ -169,8 +169,11 @@ class MultiLatentAttention(nn.Cell):
         self.linear_kv_down_proj = LatentLinear(h, self.kv_rank + self.rope, config)
         self.kv_layernorm = LatentNorm(self.kv_rank, config, eps=1e-6)
         self.linear_kv_up_proj = ColumnParallelLinear(self.kv_rank, n * (self.nope + self.vdim), config)
-        self.rotary = RotaryEmbedding(config, self.rope)
-        self.rotary_by_position = PositionRotary(config, self.rope)
+        # q's and k's rotary Cells apart: the sharding pass gives each Cell object one set of boundary layouts
+        # (q's heads split over tp, k's single shared head whole)
+        self.rotary_q, self.rotary_k = RotaryEmbedding(config, self.rope), RotaryEmbedding(config, self.rope)
+        self.rotary_by_position_q = PositionRotary(config, self.rope)
+        self.rotary_by_position_k = PositionRotary(config, self.rope)
         self.shared_key = SharedRotaryKey()
         self.attention_mask = AttentionMask()
         self.core_attention = (spec.core or LatentAttentionCore)(config)
@@ -186,8 +189,13 @@ class MultiLatentAttention(nn.Cell):
         latent, k_rot = ops.split(self.linear_kv_down_proj(x), [self.kv_rank, self.rope], -1)
         kv = self.linear_kv_up_proj(self.kv_layernorm(latent)).reshape(b, s, -1, self.nope + self.vdim)
         k_nope, v = ops.split(kv, [self.nope, self.vdim], -1)
-        q = ops.cat((q_nope, self.rotate(q_rot, position_ids)), -1)
-        k = self.shared_key(k_nope, self.rotate(k_rot.reshape(b, s, 1, self.rope), position_ids))
+        k_rot = k_rot.reshape(b, s, 1, self.rope)
+        if position_ids is None:
+            q_rot, k_rot = self.rotary_q(q_rot), self.rotary_k(k_rot)
+        else:
+            q_rot, k_rot = self.rotary_by_position_q(q_rot, position_ids), self.rotary_by_position_k(k_rot, position_ids)
+        q = ops.cat((q_nope, q_rot), -1)
+        k = self.shared_key(k_nope, k_rot)
         q = ops.transpose(q, (0, 2, 1, 3))
         k = ops.transpose(k, (0, 2, 1, 3))
         v = ops.transpose(v, (0, 2, 1, 3))
@@ -196,12 +204,6 @@ class MultiLatentAttention(nn.Cell):
         else:
             ctx = self.core_attention(q, k, v, self.attention_mask(position_ids, segment_ids))
         return self.linear_proj(ctx)
-
-    def rotate(self, x, position_ids):
-        """Rotary on (b, s, heads, qk_pos_emb_head_dim): the constant tables, or the angles of ``position_ids``."""
-        if position_ids is None:
-            return self.rotary(x)
-        return self.rotary_by_position(x, position_ids)
 
 
 __all__ = ["MLATransformerConfig", "MultiLatentAttention", "LatentLinear", "LatentNorm", "SharedRotaryKey",

@@ -1,0 +1,103 @@
+"""The DeepSeek-V3 fixture folder (saved by transformers) loaded straight onto parallel layouts and fine-tuned
+under msrun equals one process: the losses of a 2-step fine-tune through ``run_mindformer.main`` (the first is
+the loaded model's own; the second follows an AdamW step and the expert-bias update) agree with one process to a
+relative 1e-5 with multi-latent attention's heads split over tp (jit), the sequence split over cp with the ring
+kernel (PyNative) and the experts split over ep (jit). A frozen tp2 run (learning rate 0) exports the folder back
+bitwise through ``--export_hf_dir``.
+
+The four runs are one job (``run_many``) of the suite's batched 2-worker launch (tests/msrun_batch.py); the
+one-process references run here."""
+import functools
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import yaml
+
+import run_mindformer
+from mindformers_core.models.hf.folder import open_folder
+from tests.msrun_batch import job
+from tests.test_trainer import build_assets, records
+from tests.test_trainer_msrun import assert_close
+
+pytestmark = pytest.mark.msrun
+FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf", "deepseek_v3")
+STEPS = ["--runner_config.max_steps", 2, "--lr_schedule.warmup_steps", 0]
+QUIET = ["--callbacks", "[{type: MFLossMonitor}]"]
+PARALLEL = ["--use_parallel", "True"]
+TP2 = [*PARALLEL, "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 4]
+CP2 = [*PARALLEL, "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 4]
+EP2 = [*PARALLEL, "--runner_config.batch_size", 2, "--parallel_config.data_parallel", 2,
+       "--parallel_config.expert_parallel", 2]
+FROZEN = ["--runner_config.max_steps", 1, "--optimizer.learning_rate", 0.0, "--lr_schedule.learning_rate", 0.0]
+
+
+def hf_yaml(root: str, folder: str = FOLDER) -> str:
+    """The trainer test's YAML with the model taken from ``folder``: no model sizes of its own, the folder as
+    pretrained_model_dir and load_checkpoint, its tokenizer (kind hf)."""
+    assets = build_assets(os.path.join(root, "assets"))
+    with open(assets["yaml"]) as f:
+        raw = yaml.safe_load(f)
+    raw["model"] = {"model_config": {"seq_length": 32}}
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = folder
+    raw["train_dataset"].pop("tokenizer_file", None)
+    path = os.path.join(root, "hf.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return path
+
+
+def argv(config, out, *extra):
+    return ["--config", config, "--output_dir", str(out), *map(str, extra)]
+
+
+def run_many(argvs):
+    """msrun body: ``run_mindformer.main`` for each argv in turn; the exit codes."""
+    return [run_mindformer.main(a) for a in argvs]
+
+
+@functools.lru_cache(maxsize=None)
+def plan():
+    """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
+    base = tempfile.mkdtemp(prefix="ds3_msrun_")
+    config = hf_yaml(base)
+    out = {k: os.path.join(base, k) for k in ("p1_pynative", "p1_jit", "tp2_jit", "cp2_pynative", "ep2_jit",
+                                              "tp2_frozen", "tp2_export")}
+    two = [argv(config, out["tp2_jit"], "--mode", 0, *STEPS, *QUIET, *TP2),
+           argv(config, out["cp2_pynative"], "--mode", 1, *STEPS, *QUIET, *CP2),
+           argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
+           argv(config, out["tp2_frozen"], "--mode", 1, *FROZEN, *QUIET, *TP2, "--export_hf_dir", out["tp2_export"])]
+    return config, out, two
+
+
+TWO = job("deepseek_v3_tp2_cp2_ep2", 2, "tests.test_deepseek_v3_msrun:run_many", lambda: {"argvs": plan()[2]},
+          timeout=600, group=__name__)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    config, out, two = plan()
+    for mode, flag in (("pynative", 1), ("jit", 0)):
+        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *STEPS, *QUIET)) == 0
+    assert TWO.results() == [[0] * len(two)] * 2
+    return dict(out)
+
+
+def losses(out):
+    return [r["loss"] for r in records(out)]
+
+
+@pytest.mark.parametrize("job, mode", [("tp2", "jit"), ("cp2", "pynative"), ("ep2", "jit")])
+def test_loaded_and_fine_tuned_on_workers_equals_one_process(runs, job, mode):
+    one = losses(runs[f"p1_{mode}"])
+    assert len(one) == 2 and all(np.isfinite(one)) and abs(one[1] - one[0]) > 1e-4
+    assert_close(losses(runs[f"{job}_{mode}"]), one)
+
+
+def test_export_after_a_frozen_tp2_run_gives_the_folder_back_bitwise(runs):
+    source, exported = open_folder(FOLDER), open_folder(str(runs["tp2_export"]))
+    assert sorted(exported.tensors) == sorted(source.tensors)
+    with source.reader() as a, exported.reader() as b:
+        for name in source.tensors:
+            assert np.array_equal(a(name), b(name)), name
