@@ -30,7 +30,22 @@ outside it (optimizer update, loss sharing, data, logging). ``--no-trace`` leave
 unrecorded. Writes bench/results/trainer.json (or ``--out``).
 
     python bench/trainer.py [--configs 1proc dp2 tp2 pp2 pp2_zbv dp2tp2 plain plain_clip] [--modes jit pynative]
-                            [--steps 10] [--warmup 2] [--threads N] [--no-trace]
+                            [--steps 10] [--warmup 2] [--threads N] [--no-trace] [--repeats 3]
+                            [--peer torch --peer-python /path/to/torch-venv/bin/python]
+
+``--peer torch`` runs PyTorch's equivalents of the ``1proc``, ``dp2``, ``tp2`` and ``pp2`` rows
+(bench/torch_peer.py: one process, DDP, DTensor tensor parallel, ``torch.distributed.pipelining``
+1F1B with 4 microbatches; the same Llama, sizes, AdamW and clipping) right after ours in every
+repeat, as rows of mode ``torch``, and prints our ratio to one process next to PyTorch's. torch is a
+bench-only extra: it runs under ``--peer-python`` (an interpreter where ``import torch`` works, never
+the project's venv; default $MFC_TORCH_PYTHON, else ``python``/``python3`` on PATH), and the bench
+stops before anything runs, naming what to install, when there is none.
+
+Every trainer and torch row also gets the CPU seconds (user + sys, all threads) of each process per
+timed step and its CPU/wall (ours sampled from /proc every 0.1 s against the steps in loss.jsonl;
+torch's from ``getrusage`` around its timed steps): a rank that spins while it waits shows CPU/wall
+near 1 (or above, with several threads) where one that sleeps shows less. On a loaded machine
+these ratios move less than the step times.
 
 The machine these figures come from has 2 cores: run subsets (``--configs pp2 --modes jit --steps 8``).
 ``--threads N`` sets each worker's CPU kernel threads through the trainer's ``MFC_CPU_THREADS``
@@ -119,11 +134,15 @@ def assets(root: str) -> dict:
 # ---- peak RSS of a process tree -----------------------------------------------------------------------
 class RssWatch:
     """Samples VmHWM (peak resident set) of every process under ``pid`` whose command line runs
-    ``marker``, every ``period`` seconds; keyed by the rank in its environment (RANK_ID), else pid."""
+    ``marker``, every ``period`` seconds; keyed by the rank in its environment (RANK_ID), else pid.
+    With ``progress`` (a loss.jsonl being written) it also samples each rank's CPU seconds (user +
+    sys of all its threads, /proc/<pid>/stat) against the steps logged so far: ``cpu_window``."""
 
-    def __init__(self, pid: int, marker: str, period: float = 0.5):
-        self.pid, self.marker, self.period = pid, marker, period
+    def __init__(self, pid: int, marker: str, period: float = 0.5, progress: str = None):
+        self.pid, self.marker, self.period, self.progress = pid, marker, period, progress
         self.peak = {}
+        self.samples = []       # (monotonic time, steps logged, {rank: cpu seconds})
+        self.tick = os.sysconf("SC_CLK_TCK")
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -141,8 +160,18 @@ class RssWatch:
             todo += kids
         return out
 
+    def _steps_logged(self):
+        try:
+            with open(self.progress) as f:
+                return sum(1 for line in f if line.strip())
+        except OSError:
+            return 0
+
     def _loop(self):
         while not self.stop.is_set():
+            cpu = {}
+            logged = self._steps_logged() if self.progress else None
+            now = time.monotonic()
             for p in [self.pid] + self._children():
                 try:
                     with open(f"/proc/{p}/cmdline", "rb") as f:
@@ -157,9 +186,34 @@ class RssWatch:
                     with open(f"/proc/{p}/status") as f:
                         hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
                     self.peak[rank] = max(self.peak.get(rank, 0), hwm * 1024)
+                    if self.progress:
+                        with open(f"/proc/{p}/stat") as f:
+                            fields = f.read().rsplit(")", 1)[1].split()
+                        cpu[rank] = (int(fields[11]) + int(fields[12])) / self.tick   # utime + stime
                 except (OSError, StopIteration, ValueError):
                     continue
+            if self.progress and cpu:
+                self.samples.append((now, logged, cpu))
             self.stop.wait(self.period)
+
+    def cpu_window(self, first: int):
+        """CPU seconds per step of each rank and its CPU/wall, between the first sample with
+        ``first`` steps logged and the last sample with more (the timed steps; the window edges
+        are as fine as the sampling period). None without samples."""
+        start = next((x for x in self.samples if x[1] >= first), None)
+        end = next((x for x in reversed(self.samples) if start and x[1] > start[1]), None)
+        if start is None or end is None:
+            return None
+        wall, steps = end[0] - start[0], end[1] - start[1]
+        both = [r for r in end[2] if r in start[2]]
+        ranks = [r for r in both if r.startswith("rank")]
+        if ranks:
+            cpu = {r[4:]: end[2][r] - start[2][r] for r in ranks}
+        else:           # one process: the launcher's shell also matches; the trainer is the busiest
+            busiest = max(both, key=lambda r: end[2][r] - start[2][r], default=None)
+            cpu = {"0": end[2][busiest] - start[2][busiest]} if busiest else {}
+        return {"steps": steps, "wall_s": wall, "cpu_s_per_step": {r: c / steps for r, c in cpu.items()},
+                "cpu_per_wall": {r: c / wall for r, c in cpu.items()}}
 
     def finish(self):
         self.stop.set()
@@ -196,7 +250,7 @@ def capped_script(root: str) -> str:
 
 
 def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=900, runtime_threads=0,
-            sync_transfers=False, recompute=False):
+            sync_transfers=False, recompute=False, warmup=2):
     out_dir = tempfile.mkdtemp(prefix=f"bench_trainer_{name}_{mode}_")
     script = "run_mindformer.py" if not runtime_threads else paths["capped"]
     argv = [script, "--config", paths["yaml"], "--output_dir", out_dir, "--mode",
@@ -224,7 +278,7 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
                              str(free_port()), os.path.join(out_dir, "msrun_log"), "True", str(timeout)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    watch = RssWatch(proc.pid, "run_mindformer")
+    watch = RssWatch(proc.pid, "run_mindformer", period=0.1, progress=os.path.join(out_dir, "loss.jsonl"))
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -232,6 +286,7 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
         output, _ = proc.communicate()
         output += f"\nkilled after {timeout} s"
     rss = watch.finish()
+    cpu = watch.cpu_window(warmup)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} {mode}: exit {proc.returncode}\n{output[-4000:]}")
     with open(os.path.join(out_dir, "loss.jsonl")) as f:
@@ -243,7 +298,7 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
             with open(path) as f:
                 traces[r] = [json.loads(line) for line in f if line.strip()]
     return {"step_times": [r["step_time_s"] for r in records], "losses": [r["loss"] for r in records],
-            "rss": rss, "traces": traces, "output_dir": out_dir}
+            "rss": rss, "traces": traces, "output_dir": out_dir, "cpu": cpu}
 
 
 # ---- plain MindSpore: the same Llama without mindformers_core ---------------------------------------------
@@ -368,6 +423,53 @@ def run_plain(mode, steps, threads, timeout=900, clip=False):
     return {"step_times": result["step_times"], "params": result["params"], "rss": rss, "traces": {}}
 
 
+# ---- the PyTorch peer (bench/torch_peer.py under another interpreter) --------------------------------
+PEER = "torch"              # the mode of the peer's rows (config names are ours: 1proc, dp2, tp2, pp2)
+PEER_ROWS = ("1proc", "dp2", "tp2", "pp2")
+TORCH_HINT = ("python -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy "
+              "--index-url https://download.pytorch.org/whl/cpu (a local wheel works too), then "
+              "--peer-python /tmp/torchvenv/bin/python; torch never goes into the project's own venv")
+
+
+def torch_python(given=None):
+    """The interpreter for the torch peer: ``given`` (--peer-python), else the first of
+    $MFC_TORCH_PYTHON, ``python``, ``python3`` on PATH in which ``import torch`` works. Raises
+    SystemExit naming what to install when there is none."""
+    import shutil
+    candidates = [given] if given else [os.environ.get("MFC_TORCH_PYTHON"), shutil.which("python"),
+                                        shutil.which("python3")]
+    tried = []
+    for py in candidates:
+        if not py:
+            continue
+        ok = subprocess.run([py, "-c", "import torch"], capture_output=True, text=True) if os.path.exists(py) \
+            or shutil.which(py) else None
+        if ok is not None and ok.returncode == 0:
+            return py
+        tried.append(f"{py} ({'no such file' if ok is None else (ok.stderr.strip().splitlines() or ['?'])[-1]})")
+    raise SystemExit("bench/trainer.py --peer torch: no interpreter where 'import torch' works; tried "
+                     + "; ".join(tried or ["nothing"]) + ". Install it in a separate venv: " + TORCH_HINT)
+
+
+def run_torch(python, name, steps, warmup, threads, timeout=900):
+    """One row of the peer: bench/torch_peer.py ``--config name`` (same sizes as ours)."""
+    argv = [python, os.path.join(ROOT, "bench", "torch_peer.py"), "--config", name, "--steps", str(steps),
+            "--warmup", str(warmup), "--threads", str(threads or 0), "--hidden", str(HIDDEN), "--layers",
+            str(LAYERS), "--heads", str(HEADS), "--ffn", str(FFN), "--seq", str(SEQ), "--vocab", str(VOCAB),
+            "--batch", str(GLOBAL_BATCH)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TORCH_RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"torch {name}: exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-4000:]}")
+    out = json.loads(line[len("TORCH_RESULT "):])
+    cpu = {"steps": steps - warmup, "wall_s": max(out["wall_s"].values()),
+           "cpu_s_per_step": {r: c / (steps - warmup) for r, c in out["cpu_s"].items()},
+           "cpu_per_wall": {r: out["cpu_s"][r] / out["wall_s"][r] for r in out["cpu_s"]}}
+    return {"step_times": out["step_times"], "losses": out["losses"], "rss": out["rss"], "traces": {},
+            "cpu": cpu, "torch": out["torch"], "threads": out["threads"]}
+
+
 # ---- pipeline breakdown -----------------------------------------------------------------------------
 COMPUTE = {"FWD": "forward", "BWD": "backward", "BWD_INPUT": "backward", "BWD_WEIGHT": "backward"}
 
@@ -439,6 +541,10 @@ def summarise(name, mode, result, warmup):
            "peak_rss_mb": {r: v / 2 ** 20 for r, v in result["rss"].items()}}
     if result.get("traces"):
         row["breakdown_s"] = breakdown(result["traces"], times, warmup)
+    if result.get("cpu"):
+        row["cpu"] = result["cpu"]
+    if "torch" in result:
+        row["torch"] = result["torch"]
     if "params" in result:
         row["params"] = result["params"]
     if "losses" in result:
@@ -463,8 +569,11 @@ def print_table(rows):
         rss = " ".join(f"{v:.0f}" for v in r["peak_rss_mb"].values())
         steps = " ".join(f"{t:.2f}" for t in r["step_times"])
         diff = f"{r['max_rel_loss_diff']:.0e}" if "max_rel_loss_diff" in r else "-"
+        cpu = r.get("cpu")
+        cpu = ("  cpu/step " + " ".join(f"{v:.2f}" for v in cpu["cpu_s_per_step"].values()) + " s, cpu/wall "
+               + " ".join(f"{v:.2f}" for v in cpu["cpu_per_wall"].values())) if cpu else ""
         print(f"{r['config']:<13}{r['mode']:<9}{r['workers']:>6}{r['median_s']:>8.3f}{ratio:>8.2f}x{r['tokens_per_s']:>9.0f}"
-              f"{diff:>10}  {rss:<26}{steps}")
+              f"{diff:>10}  {rss:<26}{steps}{cpu}")
     for mode in sorted({r["mode"] for r in rows}):
         for ours, name in OVERHEAD:
             if (ours, mode) in meds and (name, mode) in meds:
@@ -531,6 +640,14 @@ def replayed_bubbles(sched, traces):
         return {"replay_error": f"step {e} not in the trace"}
 
 
+def uptime() -> str:
+    """``uptime``'s line (the machine's load when the figures were taken)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return f"load average {os.getloadavg()}"
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -554,6 +671,15 @@ def summary_rows(rows):
                 "max_rel_loss_diff": max((r.get("max_rel_loss_diff", 0.0) for r in rs), default=0.0),
                 "peak_rss_mb": max((max(r["peak_rss_mb"].values()) for r in rs if r["peak_rss_mb"]), default=0.0),
                 "step_times": [r["step_times"] for r in rs]}
+        cpus = [r["cpu"] for r in rs if r.get("cpu")]
+        if cpus:
+            # per process CPU seconds per step and CPU/wall: median over the repeats, rank by rank
+            item["cpu_s_per_step"] = {k: statistics.median(c["cpu_s_per_step"][k] for c in cpus if k in c["cpu_s_per_step"])
+                                      for k in cpus[0]["cpu_s_per_step"]}
+            item["cpu_per_wall"] = {k: statistics.median(c["cpu_per_wall"][k] for c in cpus if k in c["cpu_per_wall"])
+                                    for k in cpus[0]["cpu_per_wall"]}
+            item["cpu_per_wall_min_max"] = [min(min(c["cpu_per_wall"].values()) for c in cpus),
+                                            max(max(c["cpu_per_wall"].values()) for c in cpus)]
         for key in ("timeline_bubble", "simulated_bubble", "replay_steps_bubble", "replay_p2p_bubble"):
             if any(key in r for r in rs):
                 item[key] = [r.get(key) for r in rs]
@@ -586,6 +712,44 @@ def print_summary(summary):
                       f"(per run {one['min_s'] / plain['max_s']:.2f}-{one['max_s'] / plain['min_s']:.2f})")
 
 
+def peer_comparison(summary):
+    """Per row of the peer: our ratio to one process (each mode) next to PyTorch's, and the CPU
+    seconds per step summed over the processes: [{config, ours: {mode: ...}, torch: ...}]."""
+    out = []
+    for name in PEER_ROWS:
+        theirs = next((r for r in summary if r["config"] == name and r["mode"] == PEER), None)
+        if theirs is None:
+            continue
+        item = {"config": name, "ours": {}}
+        for r in summary:
+            if r["config"] == name and r["mode"] != PEER:
+                item["ours"][r["mode"]] = _ratio_view(r)
+        item["torch"] = _ratio_view(theirs)
+        out.append(item)
+    return out
+
+
+def _ratio_view(r):
+    return {"ratio": r["ratio"], "ratio_min": r["ratio_min"], "ratio_max": r["ratio_max"], "median_s": r["median_s"],
+            "cpu_s_per_step": sum(r.get("cpu_s_per_step", {}).values()) or None,
+            "cpu_per_wall": r.get("cpu_per_wall")}
+
+
+def print_peer(comparison):
+    if not comparison:
+        return
+    print()
+    print("ours vs PyTorch (bench/torch_peer.py), ratio to one process of the same run [min-max over repeats], "
+          "s/step, CPU s per step summed over the processes")
+    for item in comparison:
+        parts = []
+        for mode, v in sorted(item["ours"].items()) + [(PEER, item["torch"])]:
+            cpu = f", cpu {v['cpu_s_per_step']:.2f} s" if v["cpu_s_per_step"] else ""
+            parts.append(f"{mode} {v['ratio']:.2f}x [{v['ratio_min']:.2f}-{v['ratio_max']:.2f}] "
+                         f"{v['median_s']:.3f} s{cpu}")
+        print(f"{item['config']:<6} " + "  |  ".join(parts))
+
+
 def merge(paths, out):
     """``--merge``: the rows of several runs of this bench (one JSON each) summarised together."""
     rows = []
@@ -596,8 +760,10 @@ def merge(paths, out):
                 rows.append(r)
     summary = summary_rows(rows)
     print_summary(summary)
+    peer = peer_comparison(summary)
+    print_peer(peer)
     with open(out, "w") as f:
-        json.dump({"merged": paths, "summary": summary, "rows": rows}, f, indent=1)
+        json.dump({"merged": paths, "summary": summary, "peer": peer, "rows": rows}, f, indent=1)
     print(f"wrote {out}")
 
 
@@ -622,6 +788,12 @@ def main():
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "trainer.json"))
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="summarise earlier runs' JSON files together (writes --out)")
+    parser.add_argument("--peer", choices=[PEER], default=None,
+                        help="also run PyTorch's equivalents of the 1proc, dp2, tp2 and pp2 rows (bench/torch_peer.py), "
+                             "interleaved with ours, under --peer-python")
+    parser.add_argument("--peer-python", default=None,
+                        help="interpreter with torch for --peer torch (default: $MFC_TORCH_PYTHON, else python/python3 "
+                             "on PATH if torch imports there)")
     parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--plain-clip", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -635,6 +807,7 @@ def main():
         parser.error(f"--steps={args.steps} must exceed --warmup={args.warmup}")
     if args.threads not in ("default", "auto") and not (args.threads.isdigit() and int(args.threads) > 0):
         parser.error(f"--threads={args.threads!r}: a positive integer or default")
+    peer_python = torch_python(args.peer_python) if args.peer else None
     paths = assets(args.assets)
     rows = []
     for repeat in range(args.repeats):
@@ -649,7 +822,7 @@ def main():
                     trace = name.startswith("pp") and not args.no_trace
                     result = run_job(name, mode, workers, flags, paths, args.steps, threads, trace,
                                      runtime_threads=args.runtime_threads, sync_transfers=args.sync_transfers,
-                                     recompute=args.recompute)
+                                     recompute=args.recompute, warmup=args.warmup)
                 rows.append(summarise(name, mode, result, args.warmup))
                 rows[-1]["repeat"] = repeat
                 rows[-1]["load_average"] = os.getloadavg()[0]
@@ -658,6 +831,15 @@ def main():
                     save_timeline_svg(rows[-1], result["traces"], svg)
                 print(f"# {name} {mode} run {repeat + 1}/{args.repeats}: {time.time() - start:.0f} s wall, "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)
+                # the peer's row right after ours (once per repeat: torch has no jit/PyNative modes)
+                if peer_python and name in PEER_ROWS and mode == args.modes[0]:
+                    start = time.time()
+                    result = run_torch(peer_python, name, args.steps, args.warmup, threads)
+                    rows.append(summarise(name, PEER, result, args.warmup))
+                    rows[-1]["repeat"] = repeat
+                    rows[-1]["load_average"] = os.getloadavg()[0]
+                    print(f"# {name} torch {result['torch']} run {repeat + 1}/{args.repeats}: "
+                          f"{time.time() - start:.0f} s wall, load average {os.getloadavg()[0]:.1f}", flush=True)
     print()
     print(f"Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, FFN {FFN}, seq {SEQ}, vocab {VOCAB}, global batch "
           f"{GLOBAL_BATCH}; median of steps {args.warmup + 1}..{args.steps}; kernel threads "
@@ -669,9 +851,12 @@ def main():
     summary = summary_rows(rows)
     if args.repeats > 1:
         print_summary(summary)
+    peer = peer_comparison(summary)
+    print_peer(peer)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "rows": rows, "summary": summary}, f, indent=1)
+        json.dump({"args": vars(args), "uptime": uptime(), "rows": rows, "summary": summary, "peer": peer}, f,
+                  indent=1)
     print(f"wrote {args.out}")
 
 
