@@ -157,3 +157,24 @@ def test_bad_sizes_through_the_trainer_exit_2_before_any_process_group(tmp_path,
                                 "--parallel_config.data_parallel", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "deepseek_v3/config.json: num_heads" in err and "model_parallel = 3" in err, err
+
+
+def test_select_recompute_of_the_up_projections_keeps_loss_and_gradients():
+    """MLA's up-projections (q and kv) as select-recompute units (PyNative): the report names them in every
+    layer, and the loss and every gradient equal the plain model's bitwise."""
+    from mindformers_core.recompute import RecomputeConfig, apply_recompute
+    ref = reference("deepseek_v3")
+    ids = ms.Tensor(ref["input_ids"].astype(np.int32))
+    out = []
+    for select in (None, ["layers.*.self_attention.linear_q_up_proj", "layers.*.self_attention.linear_kv_up_proj"]):
+        model = from_pretrained(os.path.join(DATA, "deepseek_v3"), seq_length=16)
+        model.set_train(True)
+        if select:
+            report = apply_recompute(model, RecomputeConfig(mode="select", select=select))
+            assert sorted(u.name for u in report.units) == sorted(
+                f"decoder.layers.{i}.self_attention.{p}" for i in range(3) for p in ("linear_q_up_proj",
+                                                                                   "linear_kv_up_proj"))
+        loss, grads = ms.value_and_grad(model, None, model.trainable_params())(ids, ids)
+        out.append((float(loss.asnumpy()), [g.asnumpy() for g in grads]))
+    assert out[0][0] == out[1][0] and np.isfinite(out[0][0])
+    assert all(np.array_equal(a, b) for a, b in zip(out[0][1], out[1][1]))
