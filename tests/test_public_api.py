@@ -70,6 +70,21 @@ def test_the_documented_imports_work():
     assert inspect.isfunction(function)
 
 
+def test_the_callable_hsdp_package_shows_the_functions_signature():
+    """Tools read inspect.signature / help(): the package must not show (*args, **kwargs)."""
+    import pydoc
+    from mindformers_core import hsdp
+    sig = inspect.signature(hsdp)
+    assert sig == inspect.signature(hsdp.api.hsdp)
+    assert list(sig.parameters)[:5] == ["cell", "shard_size", "threshold", "optimizer_level", "accumulate_grad_step"]
+    assert sig.parameters["shard_size"].default == 1 and sig.parameters["optimizer_level"].default == "level1"
+    sig.bind(object(), shard_size=2)                        # binds like the function
+    with pytest.raises(TypeError):
+        sig.bind(object(), sharding=2)
+    text = pydoc.render_doc(hsdp, renderer=pydoc.plaintext)
+    assert f"hsdp{sig}" in text and "Wrap ``cell`` for hybrid sharded data parallel" in text
+
+
 def test_importing_the_package_does_not_import_mindspore():
     code = ("import sys, mindformers_core; assert 'mindspore' not in sys.modules, 'eager'; "
             "print(len(mindformers_core.__all__))")

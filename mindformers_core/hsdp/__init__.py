@@ -1,4 +1,9 @@
-"""hsdp: ZeRO level1/2/3 (optimizer states, gradients, parameters) over the data-parallel domain."""
+"""hsdp: ZeRO level1/2/3 (optimizer states, gradients, parameters) over the data-parallel domain.
+
+The package is callable: ``mindformers_core.hsdp(cell, ...)`` is ``hsdp.api.hsdp`` (its signature
+is this module's ``__signature__``, so ``inspect.signature`` and tools reading it show the real
+parameters; ``help()`` lists it first below)."""
+import inspect
 import sys
 
 from .api import hsdp
@@ -20,4 +25,8 @@ class _CallablePackage(type(sys.modules[__name__])):
         return hsdp(*args, **kwargs)
 
 
+# the package's call signature is the function's (inspect.signature reads __signature__ before
+# falling back to __call__'s (*args, **kwargs)); help() shows it and the function's docstring first
+__signature__ = inspect.signature(hsdp)
+__doc__ = f"hsdp{__signature__}\n\n{inspect.getdoc(hsdp)}\n\n{__doc__}"
 sys.modules[__name__].__class__ = _CallablePackage
