@@ -162,3 +162,30 @@ def test_bad_runs_exit_2_naming_the_key(tmp_path, capsys, extra, message):
     config = lora_yaml(str(tmp_path))
     assert run_mindformer.main(argv(config, tmp_path / "out", "--runner_config.max_steps", 1, *extra)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_dropout_on_expert_adapters_is_named(tmp_path, capsys):
+    """LoRA on the routed experts folds A @ B into the expert weights (as peft's target_parameters does), where
+    no dropout of the input can apply: lora_dropout > 0 with experts in target_modules is refused by name."""
+    moe = os.path.join(os.path.dirname(FOLDER), "qwen3_moe")
+    config = lora_yaml(str(tmp_path), dict(PET, lora_dropout=0.1, target_modules=".*experts.gate_proj"), folder=moe)
+    assert run_mindformer.main(argv(config, tmp_path / "out", "--runner_config.max_steps", 1)) == 2
+    assert "lora_dropout = 0.1: LoRA on the routed experts (decoder.layers.1.mlp.experts.w_gate)" in \
+        capsys.readouterr().err
+
+
+def test_peft_form_of_experts_and_dense_mlp_adapters_is_refused_by_name(tmp_path):
+    """peft maps target_modules named gate_proj / up_proj / down_proj of a Qwen3-MoE model onto the experts, so
+    adapters on both the experts and a dense layer's MLP have no PEFT form: named (the merged export has them)."""
+    from mindformers_core.peft import parse_lora
+    from mindformers_core.peft.export import PeftFormatError, write_peft_adapter
+    z = np.zeros
+    adapters = {"decoder.layers.0.mlp.linear_fc2.lora_a.weight": z((64, 4)),
+                "decoder.layers.0.mlp.linear_fc2.lora_b.weight": z((4, 32)),
+                "decoder.layers.1.mlp.experts.w_down.lora_a.weight": z((8, 16, 4)),
+                "decoder.layers.1.mlp.experts.w_down.lora_b.weight": z((8, 4, 32))}
+    names = {"decoder.layers.0.mlp.linear_fc2.weight": "model.layers.0.mlp.down_proj.weight",
+             "decoder.layers.1.mlp.experts.w_down": "model.layers.1.mlp.experts.0.down_proj.weight"}
+    with pytest.raises(PeftFormatError, match=r"dense MLP linears named \['down_proj'\] has no PEFT form"):
+        write_peft_adapter(str(tmp_path / "peft"), adapters, parse_lora(PET), names.__getitem__)
+    assert not (tmp_path / "peft").exists()

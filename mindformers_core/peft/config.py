@@ -113,6 +113,12 @@ MF_MODULE = {"self_attention.linear_q": "attention.wq", "self_attention.linear_k
              "self_attention.linear_v": "attention.wv", "self_attention.linear_proj": "attention.wo",
              "mlp.linear_fc1_gate": "feed_forward.w1", "mlp.linear_fc1_up": "feed_forward.w3",
              "mlp.linear_fc2": "feed_forward.w2"}
+# the routed experts' weights (ours: one (E, in, out) tensor each) by their other names: Hugging Face's per-expert
+# modules (``mlp.experts.{e}.gate_proj``, named here without the expert index), transformers 5's fused parameters
+# (``mlp.experts.gate_up_proj`` / ``down_proj``) and MindFormers' (Megatron) expert linears (``linear_fc1`` / ``linear_fc2``)
+EXPERT_MODULE = {"mlp.experts.w_gate": ("mlp.experts.gate_proj", "mlp.experts.gate_up_proj", "mlp.experts.linear_fc1"),
+                 "mlp.experts.w_up": ("mlp.experts.up_proj", "mlp.experts.gate_up_proj", "mlp.experts.linear_fc1"),
+                 "mlp.experts.w_down": ("mlp.experts.down_proj", "mlp.experts.linear_fc2")}
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
@@ -126,6 +132,8 @@ def module_names(ours: str) -> List[str]:
             names.append(f"model.layers.{i}.{HF_MODULE[rest]}")
         if rest in MF_MODULE:
             names.append(f"model.layers.{i}.{MF_MODULE[rest]}")
+        for other in EXPERT_MODULE.get(rest, ()):
+            names.append(f"{'decoder' if 'linear_fc' in other else 'model'}.layers.{i}.{other}")
     return names
 
 

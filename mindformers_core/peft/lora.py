@@ -10,6 +10,11 @@ base's split (no communication code here: the sharding pass inserts it):
   ``("tp", "None")`` and its (b, s, r) output reduced over tp (r numbers per token, instead of the hidden
   size), B replicated.
 
+Routed experts (``LoRAExperts``, one ``moe_experts`` op): each adapted expert weight ``W`` (E, in, out) gets
+``A`` (E, in, r) and ``B`` (E, r, out), split over the expert dim like ``W`` (ep), and the experts compute with
+``W + A @ B * alpha / r`` per expert (as PEFT's LoRA on expert parameters does: the delta folded into the
+weight, so ``lora_dropout`` cannot apply there and is refused for experts).
+
 B starts at zero, so step 0 is the base model. ``apply_lora`` wraps the Cells whose names match the
 settings' ``target_modules`` (ours, Hugging Face's or MindFormers' names), before the model is
 parallelized, and freezes every other parameter (``requires_grad = False``: not in ``trainable_params()``,
@@ -26,7 +31,10 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ..transformer.linear import ColumnParallelLinear, RowParallelLinear, _Linear
 from ..transformer.init import normal_array
+from ..transformer.moe import RoutedExperts
 from .config import LoraConfigError, LoraSettings, matches
+
+EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 
 FROZEN_ATTR = "lora_frozen"        # set on every frozen base Parameter
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -82,6 +90,61 @@ class LoRALinear(nn.Cell):
         return f"rank={self.rank}, scaling={self.scaling}"
 
 
+class LoRAExperts(RoutedExperts):
+    """Routed experts (the base's frozen weights) plus low-rank updates of the adapted ones (``adapted``: a
+    subset of w_gate / w_up / w_down); ``expert_weights`` returns ``W + A @ B * scaling`` per expert, which
+    the one-card path and the expert-parallel kernel both compute with."""
+
+    def __init__(self, base: RoutedExperts, settings: LoraSettings, name: str, adapted: Tuple[str, ...]):
+        """``name``: the experts' global Cell name (A's random values are keyed by it)."""
+        nn.Cell.__init__(self)
+        for attr in ("num_experts", "hidden", "ffn", "capacity_factor", "init_std", "compute_dtype"):
+            setattr(self, attr, getattr(base, attr))
+        self.w_gate, self.w_up, self.w_down = base.w_gate, base.w_up, base.w_down
+        self.rank, self.scaling = settings.rank, settings.scaling
+        self.adapted = tuple(adapted)
+        r = settings.rank
+        for w in EXPERT_WEIGHTS:
+            a = b = None
+            if w in adapted:
+                weight = getattr(base, w)
+                E, fan_in, fan_out = weight.shape
+                a = Parameter(Tensor(normal_array(f"{name}.{w}.lora_a.weight", (E, fan_in, r), 1.0 / math.sqrt(fan_in)),
+                                     weight.dtype), name=f"{w}_lora_a")
+                b = Parameter(Tensor(np.zeros((E, r, fan_out), np.float32), weight.dtype), name=f"{w}_lora_b")
+            setattr(self, f"{w}_lora_a", a)
+            setattr(self, f"{w}_lora_b", b)
+        self.sharding_params = EXPERT_WEIGHTS + tuple(f"{w}_lora_{x}" for w in self.adapted for x in "ab")
+
+    def expert_weights(self, dtype):
+        g, u, d = self.w_gate.astype(dtype), self.w_up.astype(dtype), self.w_down.astype(dtype)
+        if self.w_gate_lora_a is not None:
+            g = g + ops.bmm(self.w_gate_lora_a.astype(dtype), self.w_gate_lora_b.astype(dtype)) * self.scaling
+        if self.w_up_lora_a is not None:
+            u = u + ops.bmm(self.w_up_lora_a.astype(dtype), self.w_up_lora_b.astype(dtype)) * self.scaling
+        if self.w_down_lora_a is not None:
+            d = d + ops.bmm(self.w_down_lora_a.astype(dtype), self.w_down_lora_b.astype(dtype)) * self.scaling
+        return g, u, d
+
+    def adapter_params(self) -> List[Parameter]:
+        return [getattr(self, f"{w}_lora_{x}") for w in self.adapted for x in "ab"]
+
+    def extend_repr(self) -> str:
+        return f"adapted={list(self.adapted)}, rank={self.rank}, scaling={self.scaling}"
+
+
+def _experts(model: nn.Cell) -> List[Tuple[str, nn.Cell, str, RoutedExperts]]:
+    """(path, parent, attribute, experts) of every routed-experts Cell inside a decoder layer."""
+    out = []
+    for path, cell in model.cells_and_names():
+        for attr, child in cell.name_cells().items():
+            if type(child) is RoutedExperts:
+                full = f"{path}.{attr}" if path else attr
+                if full.startswith("decoder.layers.") or ".decoder.layers." in full:
+                    out.append((full, cell, attr, child))
+    return out
+
+
 def _targets(model: nn.Cell) -> List[Tuple[str, nn.Cell, str, _Linear]]:
     """(path, parent, attribute, linear) of every column/row-parallel linear inside a decoder layer."""
     out = []
@@ -96,8 +159,9 @@ def _targets(model: nn.Cell) -> List[Tuple[str, nn.Cell, str, _Linear]]:
 
 def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
     """Wrap the matching linears of an unparallelized ``model`` in place; freeze every other parameter.
-    Returns the wrapped Cell names. A ``target_modules`` that matches nothing is a ``LoraConfigError``."""
-    wrapped = []
+    Returns the adapted names (linears; experts' weights as ``<experts>.w_gate``). A ``target_modules`` that
+    matches nothing is a ``LoraConfigError``."""
+    wrapped, adapters = [], []
     for path, parent, attr, linear in _targets(model):
         if not matches(settings, path):
             continue
@@ -109,13 +173,34 @@ def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
         lora.lora_a.weight.name = f"{path}.lora_a.weight"
         lora.lora_b.weight.name = f"{path}.lora_b.weight"
         wrapped.append(path)
+        adapters += [lora.lora_a.weight, lora.lora_b.weight]
+    for path, parent, attr, experts in _experts(model):
+        adapted = tuple(w for w in EXPERT_WEIGHTS if matches(settings, f"{path}.{w}"))
+        if not adapted:
+            continue
+        if settings.dropout > 0:
+            raise LoraConfigError(f"{settings.source}.lora_dropout = {settings.dropout}: LoRA on the routed experts "
+                                  f"({path}.{adapted[0]}) folds A @ B into the expert weights (as PEFT does for "
+                                  "expert parameters), where no dropout of the input can apply; set lora_dropout: 0 "
+                                  "or leave the experts out of target_modules")
+        names = {w: getattr(experts, w).name for w in EXPERT_WEIGHTS}
+        lora = LoRAExperts(experts, settings, _global_name(model, path), adapted)
+        setattr(parent, attr, lora)
+        for w, n in names.items():                   # the base keeps its names (checkpoints, HF tables)
+            getattr(lora, w).name = n
+        for w in adapted:
+            getattr(lora, f"{w}_lora_a").name = f"{path}.{w}.lora_a.weight"
+            getattr(lora, f"{w}_lora_b").name = f"{path}.{w}.lora_b.weight"
+        adapters += lora.adapter_params()
+        wrapped += [f"{path}.{w}" for w in adapted]
     if not wrapped:
         known = [p for p, *_ in _targets(model)][:8]
         raise LoraConfigError(f"{settings.source}.target_modules = {list(settings.target_modules)!r}: matches no "
                               f"layer of this model; its linears are named like {known} (Hugging Face: "
                               "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; MindFormers: wq, wk, "
-                              "wv, wo, w1, w2, w3)")
-    adapters = {id(p) for path in wrapped for p in (_cell(model, path).lora_a.weight, _cell(model, path).lora_b.weight)}
+                              "wv, wo, w1, w2, w3; routed experts: <layer>.mlp.experts.w_gate / w_up / w_down, "
+                              "Hugging Face's mlp.experts.gate_proj / up_proj / down_proj or gate_up_proj)")
+    adapters = {id(p) for p in adapters}
     for p in model.get_parameters():
         if id(p) not in adapters and p.requires_grad:
             p.requires_grad = False
@@ -131,13 +216,6 @@ def _global_name(model: nn.Cell, path: str) -> str:
     if numbers is None or m is None:
         return path
     return f"decoder.layers.{numbers[int(m.group(1))] - 1}.{m.group(2)}"
-
-
-def _cell(model: nn.Cell, path: str) -> nn.Cell:
-    cell = model
-    for part in path.split("."):
-        cell = getattr(cell, part) if not part.isdigit() else cell[int(part)]
-    return cell
 
 
 def frozen_params(chunks) -> List[Parameter]:

@@ -195,13 +195,11 @@ class ExpertParallelExperts(CommCell):
         send = ops.gather(tokens, Tensor(plan["send_token"]), 0)                      # my rows, by expert
         got = self.exchange_v(send, Tensor(plan["matrix"]))                           # by source, by expert
         rows = ops.gather(got, Tensor(plan["by_expert"]), 0) if got.shape[0] else got  # by local expert
-        inner = self.inner
-        dtype = tokens.dtype
+        w_gate, w_up, w_down = self.inner.expert_weights(tokens.dtype)
         outs = ()
         for local, (start, stop) in enumerate(plan["expert_rows"]):
             if stop > start:
-                outs = outs + (swiglu_rows(rows[start:stop], inner.w_gate[local].astype(dtype),
-                                           inner.w_up[local].astype(dtype), inner.w_down[local].astype(dtype)),)
+                outs = outs + (swiglu_rows(rows[start:stop], w_gate[local], w_up[local], w_down[local]),)
         out = ops.concat(outs, 0) if len(outs) > 1 else (outs[0] if outs else rows)
         out = ops.gather(out, Tensor(plan["by_source"]), 0) if out.shape[0] else out
         back = self.exchange_v(out, Tensor(np.ascontiguousarray(plan["matrix"].T)))   # my rows, by expert
@@ -231,15 +229,13 @@ class ExpertParallelExperts(CommCell):
         # fails to resize); its output is zero (SwiGLU(0) = 0) and its gradient zero
         everyone = ops.concat((everyone, ops.zeros((1, h), everyone.dtype)), 0)
         sentinel = ops.fill(ms.int32, (1,), P * R)
-        inner = self.inner
-        dtype = tokens.dtype
+        w_gate, w_up, w_down = self.inner.expert_weights(tokens.dtype)
         outs, places = (), ()
         for local in range(L):
             where = ops.nonzero(row_expert == me * L + local).reshape(-1).astype(ms.int32)   # data-dependent
             where = ops.concat((where, sentinel), 0)
             rows = ops.gather(everyone, where, 0)
-            outs = outs + (swiglu_rows(rows, inner.w_gate[local].astype(dtype), inner.w_up[local].astype(dtype),
-                                       inner.w_down[local].astype(dtype)),)
+            outs = outs + (swiglu_rows(rows, w_gate[local], w_up[local], w_down[local]),)
             places = places + (where,)
         out = ops.concat(outs, 0) if L > 1 else outs[0]
         place = ops.concat(places, 0) if L > 1 else places[0]
@@ -277,9 +273,7 @@ class ExpertParallelExperts(CommCell):
         buffer = dispatch(tokens, source).reshape(P, L * C, h)
         got = self.exchange(buffer, self.slots)                                           # (source, L * C, h)
         rows = got.reshape(P, L, C, h).transpose(1, 0, 2, 3).reshape(L, P * C, h)
-        inner = self.inner
-        dtype = tokens.dtype
-        out = swiglu_experts(rows, inner.w_gate.astype(dtype), inner.w_up.astype(dtype), inner.w_down.astype(dtype))
+        out = swiglu_experts(rows, *self.inner.expert_weights(tokens.dtype))
         out = out.reshape(L, P, C, h).transpose(1, 0, 2, 3).reshape(P, L * C, h)
         back = self.exchange(out, self.slots).reshape(self.E * C, h)                      # my rows, all experts
         y = combine(back, slot, weights.reshape(n, k))

@@ -159,9 +159,10 @@ def export_peft(cfg: Config, checkpoint: str, output: str, step="latest", log: C
         raise ConfigError([f"checkpoint = {checkpoint!r}: {e}"]) from None
     adapters = {k: v for k, v in state.items() if k.endswith((".lora_a.weight", ".lora_b.weight"))}
 
-    def hf_name_of(name):
-        names = spec.state_dict_adapter.hf_names(name)
-        return names[0]
+    def hf_name_of(name):      # routed experts (A three-dimensional): the name of expert 0
+        a = adapters.get(name + ".lora_a.weight")
+        shape = None if a is None or a.ndim != 3 else (a.shape[0],)
+        return spec.state_dict_adapter.hf_names(name, shape)[0]
     out = write_peft_adapter(output, adapters, lora, hf_name_of, base_model=_source_folder(cfg) or "")
     log(f"exported {len(adapters) // 2} LoRA adapters of {root} step {step} as a PEFT adapter: {out}")
     return out

@@ -298,8 +298,13 @@ class Trainer:
             return None
         path = export_checkpoint(self.cfg, self.checkpoint_dir, out, step=self.total_steps, log=self.log)
         if self.checkpointer.frozen:       # LoRA: the adapters also as a PEFT adapter folder beside it
+            from ..peft.export import PeftFormatError
             from .export_hf import export_peft
-            export_peft(self.cfg, self.checkpoint_dir, out.rstrip("/") + "_peft", step=self.total_steps, log=self.log)
+            try:
+                export_peft(self.cfg, self.checkpoint_dir, out.rstrip("/") + "_peft", step=self.total_steps,
+                            log=self.log)
+            except PeftFormatError as e:
+                self.log(f"WARNING: no PEFT adapter folder written: {e}")
         return path
 
     # ------------------------------------------------------------------ predict

@@ -136,6 +136,11 @@ class RoutedExperts(nn.Cell):
         L = config.layout
         return None, None, {n: L("ep", "None", "None") for n in self.sharding_params}
 
+    def expert_weights(self, dtype):
+        """(w_gate, w_up, w_down) as the experts compute with them (the expert-parallel kernel reads them here
+        too; LoRA on the experts adds its low-rank deltas in an override, peft/lora.py)."""
+        return self.w_gate.astype(dtype), self.w_up.astype(dtype), self.w_down.astype(dtype)
+
     def construct(self, x, weights, index):
         h, k = x.shape[-1], index.shape[-1]
         tokens = x.reshape(-1, h).astype(self.compute_dtype)
@@ -143,8 +148,7 @@ class RoutedExperts(nn.Cell):
         cap = capacity(n, k, self.num_experts, self.capacity_factor)
         slot, source = dispatch_indices(index.reshape(-1), self.num_experts, cap, k)
         buffer = dispatch(tokens, source).reshape(self.num_experts, cap, h)
-        out = swiglu_experts(buffer, self.w_gate.astype(self.compute_dtype), self.w_up.astype(self.compute_dtype),
-                             self.w_down.astype(self.compute_dtype))
+        out = swiglu_experts(buffer, *self.expert_weights(self.compute_dtype))
         y = combine(out.reshape(-1, h), slot, weights.reshape(n, k))
         return y.reshape(x.shape).astype(x.dtype)
 

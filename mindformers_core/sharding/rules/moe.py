@@ -9,6 +9,8 @@ arrives with, the hidden dim must be whole (a partial input is reduced first: bo
   -> (..., h) on the tokens' split. The expert dim of the three weights is split over ``expert_axis``
   (``"ep"``) when the mesh has that axis with size > 1: the op then runs the expert-parallel kernel
   (``LocalKernel("expert_parallel")``: all-to-all over the ep group, ``sharding/expert_parallel.py``).
+  LoRA on the experts (``peft/lora.py``) adds (A (E, in, r), B (E, r, out)) pairs after the three weights,
+  split over the expert dim like them.
   The tokens must then be split over ``ep`` too (the batch over data parallel = ("edp", "ep")): each
   ep rank routes its own tokens, so an expert's gradient sums the tokens of the whole ep group, and
   is summed over the remaining token axes (edp, sequence splits) by the gradient reducer.
@@ -36,8 +38,9 @@ def moe_router(layouts, shapes, *, num_experts=None, topk=None):
 
 @register_rule("moe_experts")
 def moe_experts(layouts, shapes, *, num_experts=None, capacity_factor=None, expert_axis="ep"):
-    if len(layouts) != 6:
-        raise RuleError(f"expects x, weights, ids, w_gate, w_up, w_down; got {len(layouts)} inputs")
+    if len(layouts) < 6 or len(layouts) % 2:
+        raise RuleError(f"expects x, weights, ids, w_gate, w_up, w_down and LoRA (A, B) pairs; got {len(layouts)} "
+                        "inputs")
     xs, ws, ids = shapes[0], shapes[1], shapes[2]
     E = shapes[3][0]
     if tuple(ws[:-1]) != tuple(xs[:-1]) or tuple(ids) != tuple(ws):
@@ -60,7 +63,7 @@ def moe_experts(layouts, shapes, *, num_experts=None, capacity_factor=None, expe
             raise RuleError(f"{E} experts are not divisible by the {expert_axis} size {mesh.axis_size(expert_axis)}")
         expert_dim = (expert_axis,)
     tok = make_layout(mesh, tokens + ((),))
-    weights = tuple(make_layout(mesh, (expert_dim, (), ())) for _ in range(3))
+    weights = tuple(make_layout(mesh, (expert_dim, (), ())) for _ in layouts[3:])
     if ep:
         local_tokens = 1
         for n in tok.local_shape(xs)[:-1]:
