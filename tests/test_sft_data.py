@@ -344,3 +344,50 @@ def test_what_the_data_cannot_feed_is_named_by_check_config(tmp_path, capsys, ex
                                 *map(str, extra), "--check_config", "--worker_num", "2"])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def _sum(k):
+    """The update of plain_step_fn reduced to what it sees: the gradients (divided by k as PlainReduce does)."""
+    from mindspore import nn
+
+    class Sum(nn.Cell):
+        def construct(self, grads, loss):
+            return loss, tuple(g / k for g in grads), loss
+    update = Sum()
+    update.eager = update
+    return update
+
+
+class _OneRank:
+    generator = None
+
+    def _group_of(self, generator, token):
+        return [0]
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_accumulation_weights_micro_steps_by_their_unmasked_tokens(tok, tmp_path, mode):
+    """The trainer's accumulating step (gradient_accumulation_steps 2, one row per micro-step) = one micro-step
+    of both rows, in loss and gradients: each micro-step's masked mean is weighted by its share of the step's
+    unmasked tokens (TokenWeights), so the loss is the mean over every unmasked token of the batch. The rows'
+    counts differ: the plain mean of the two micro-steps' means (no weights) is another number."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindformers_core.training.steps import TokenWeights, plain_step_fn
+    ds = hf_sft_dataset(ALPACA, CHAIN, tok, 256, input_columns=COLUMNS, cache_dir=str(tmp_path))
+    batch = stack_samples([ds.sample(i) for i in range(2)])
+    counts = batch["loss_mask"].sum(1)
+    assert counts[0] != counts[1]
+    m = _model(tok.vocab_size, 256)
+    args = model_args(batch, Tensor)
+    grad_fn = ms.value_and_grad(m, None, m.trainable_params())
+    whole = plain_step_fn(grad_fn, _sum(1), 1, mode == "jit", model=m)
+    loss_w, grads_w = whole(*args)
+    weighted = plain_step_fn(grad_fn, _sum(2), 2, mode == "jit", model=m, weights=TokenWeights(_OneRank()))
+    loss_a, grads_a = weighted(*args)
+    assert float(loss_a.asnumpy()) == pytest.approx(float(loss_w.asnumpy()), rel=1e-5)
+    grads_a, grads_w = [g.asnumpy() for g in grads_a], [g.asnumpy() for g in grads_w]
+    worst = max(float(np.abs(x - y).max() / (np.abs(y).max() + 1e-12)) for x, y in zip(grads_a, grads_w))
+    assert worst < 1e-5, worst
+    plain = plain_step_fn(grad_fn, _sum(2), 2, mode == "jit", model=m)
+    assert abs(float(plain(*args)[0].asnumpy()) - float(loss_w.asnumpy())) > 1e-4

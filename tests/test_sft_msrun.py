@@ -29,6 +29,7 @@ YAML = os.path.join(HERE, "data", "mindformers_configs", "finetune_qwen3.yaml")
 FOLDER = os.path.join(HERE, "data", "hf", "qwen3")
 ALPACA = os.path.join(HERE, "data", "sft", "alpaca_arith.json")
 STEPS = 20
+SHORT = ["--runner_config.max_steps", 2, "--callbacks", "[{type: MFLossMonitor}]"]    # after argv's: they win
 
 
 def argv(out, *extra):
@@ -49,8 +50,10 @@ def run_one(argvs):
 def plan():
     """The output folders and the workers' argv (made once per process)."""
     base = tempfile.mkdtemp(prefix="sft_msrun_")
-    out = {k: os.path.join(base, k) for k in ("dp2", "one")}
-    dp2 = [argv(out["dp2"], "--use_parallel", "True", "--parallel_config.data_parallel", 2)]
+    out = {k: os.path.join(base, k) for k in ("dp2", "one", "dp2_accumulate", "one_accumulate")}
+    dp2 = [argv(out["dp2"], "--use_parallel", "True", "--parallel_config.data_parallel", 2),
+           argv(out["dp2_accumulate"], "--use_parallel", "True", "--parallel_config.data_parallel", 2,
+                "--runner_config.gradient_accumulation_steps", 2, *SHORT)]
     return out, dp2
 
 
@@ -63,7 +66,9 @@ def runs():
     out, _ = plan()
     assert run_mindformer.main(argv(out["one"], "--use_parallel", "False", "--parallel_config.data_parallel", 1,
                                     "--runner_config.batch_size", 2)) == 0
-    assert DP2.results() == [[0], [0]]
+    assert run_mindformer.main(argv(out["one_accumulate"], "--use_parallel", "False", "--parallel_config.data_parallel",
+                                    1, "--runner_config.batch_size", 4, *SHORT)) == 0
+    assert DP2.results() == [[0, 0], [0, 0]]
     return out
 
 
@@ -100,3 +105,11 @@ def test_the_real_yaml_fine_tunes_on_two_workers_and_the_loss_goes_down(runs, pe
 def test_two_workers_equal_one_process_with_the_same_global_batch(runs, per_epoch):
     """Over the first epoch (in the second, one process reads the row a rank drops: the row count is odd)."""
     assert_close(losses(runs["dp2"])[:per_epoch], losses(runs["one"])[:per_epoch])
+
+
+def test_accumulation_on_two_workers_equals_one_process_with_the_global_batch(runs):
+    """dp2 x gradient_accumulation_steps 2 (one row per micro-step and rank) = one process with the 4 rows at
+    once: the micro-steps are weighted by their unmasked tokens counted over both ranks (TokenWeights)."""
+    got, want = losses(runs["dp2_accumulate"]), losses(runs["one_accumulate"])
+    assert len(want) == 2 and all(np.isfinite(want))
+    assert_close(got, want)

@@ -13,7 +13,11 @@
   ``hsdp_step_fn``);
 * how many micro-steps: ``gradient_accumulation_steps`` slices (dim 0 of every batch tensor), gradients
   summed and their mean applied once (the same update as one batch of all rows); hsdp accumulates in
-  its own buffers and communicates on the last micro-step only.
+  its own buffers and communicates on the last micro-step only. With a ``loss_mask`` each micro-step's
+  loss is a mean over its own unmasked tokens, so the micro-steps are weighted by their share of the
+  step's unmasked tokens (counted over the data-parallel and cp ranks: ``TokenWeights``): the loss and
+  gradients are those of the mean over every unmasked token of the global batch, as one process with
+  the whole batch computes them.
 
 Under jit (``context.mode: 0``) the plain model step with one micro-step is one compiled graph; with
 accumulation or a pipeline, the gradient function and the update are compiled and driven by a
@@ -144,6 +148,12 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     stages, schedule = _pipeline_schedule(shape, topo, built) if shape.pp > 1 else (None, None)
     feed = _StageFeed(topo, norms.pp_group, batch_keys) if schedule is not None else None
     k = shape.accumulate
+    if shape.sharded_dp and k > 1 and _feeds_loss_mask(cfg):
+        raise ConfigError([f"runner_config.gradient_accumulation_steps = {k} with a loss_mask "
+                           "(train_dataset HFDataLoader) and parallel.enable_parallel_optimizer: hsdp accumulates "
+                           "the micro-steps' gradients in its own buffers, where they cannot be weighted by their "
+                           "unmasked tokens (the loss would be a mean of micro-step means); use a larger "
+                           "batch_size instead of accumulation, or run without hsdp"])
     if shape.sharded_dp:
         wrapped = _hsdp(cfg, shape, built, stages)
         # hsdp's own norm group already spans the ep slices (each expert domain weighted by its copies,
@@ -161,10 +171,13 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
         poison = ms.Parameter(ms.Tensor(1.0, ms.float32), name="mfc_fault_poison", requires_grad=False)
     clip = ClipGradNorm(limit, norms.clip_groups, norms.weights) if norm_needed(cfg, limit, guard) else None
     update = GradientUpdate(PlainReduce(params, k, poison), optimizer, clip, guard)
+    weights = TokenWeights(topo) if k > 1 else None
     if schedule is not None:
-        step = plain_step_fn(_PipelineGradients(schedule, stages, feed, shape.mode_name), update, k, shape.jit)
+        step = plain_step_fn(_PipelineGradients(schedule, stages, feed, shape.mode_name), update, k, shape.jit,
+                             weights=weights)
     else:
-        step = plain_step_fn(ms.value_and_grad(built.model, None, params), update, k, shape.jit, model=built.model)
+        step = plain_step_fn(ms.value_and_grad(built.model, None, params), update, k, shape.jit, model=built.model,
+                             weights=weights)
     return TrainStep(step, optimizer, lr, None, guard, poison)
 
 
@@ -186,7 +199,46 @@ class PlainReduce(nn.Cell):
         return self.reducer(grads), loss
 
 
-def plain_step_fn(gradients: Callable, update: GradientUpdate, k: int, jit: bool, model=None) -> Callable:
+def _feeds_loss_mask(cfg: Config) -> bool:
+    import numpy as np
+    from .model_builder import batch_samples
+    return len(batch_samples(cfg, np.zeros((1, 1), np.int32))) > MASK
+
+
+MASK = 2      # loss_mask's place in the batch tuple (common/batch.py BATCH_KEYS)
+
+
+class TokenWeights:
+    """Gradient accumulation over batches with a ``loss_mask``: micro-step ``i``'s weight ``k * N_i / sum(N)``,
+    ``N_i`` its unmasked tokens summed over the data-parallel and context-parallel ranks (one all-gather of
+    ``k`` counts per step over that group, made at the first step that needs it). ``PlainReduce`` divides
+    the weighted sum by ``k``: ``sum_i N_i / N * (S_i / N_i) = sum_i S_i / N``, the masked mean of the
+    whole global batch. Masks of 0/1 (counts exact below 2**24 per micro-step)."""
+
+    def __init__(self, topo: Topology):
+        self.topo, self.group = topo, None
+
+    def __call__(self, micros: Sequence[tuple]) -> Optional[List[float]]:
+        if len(micros[0]) <= MASK or micros[0][MASK] is None:
+            return None                      # no mask: every micro-step has as many tokens
+        import numpy as np
+        from ..distributed.comm.exchange import gather_counts
+        local = [float(np.asarray(m[MASK].asnumpy() if hasattr(m[MASK], "asnumpy") else m[MASK]).sum())
+                 for m in micros]
+        ranks = self.topo._group_of(self.topo.generator, "dp-cp")
+        if len(ranks) > 1:
+            if self.group is None:
+                from ..distributed.process_group import new_group
+                self.group = new_group(ranks)
+            counts = gather_counts(self.group, local).sum(0).astype(float)
+        else:
+            counts = np.asarray(local)
+        total = counts.sum()
+        return None if total <= 0 else [len(local) * c / total for c in counts]
+
+
+def plain_step_fn(gradients: Callable, update: GradientUpdate, k: int, jit: bool, model=None,
+                  weights: Optional[TokenWeights] = None) -> Callable:
     """``(*batch) -> (loss, norm)``: ``k`` micro-steps of ``gradients(*micro) -> (loss, grads)``, their
     gradients summed, then ``update`` once. ``model``: ``gradients`` is that model's ``value_and_grad``
     (compiled under jit; with ``k == 1`` the whole step is one function: one graph); without it (a
@@ -208,8 +260,12 @@ def plain_step_fn(gradients: Callable, update: GradientUpdate, k: int, jit: bool
 
     def accumulating_step(*batch):
         total, summed = 0.0, None
-        for micro in micro_slices(batch, k):
+        micros = list(micro_slices(batch, k))
+        scale = weights(micros) if weights is not None else None
+        for i, micro in enumerate(micros):
             loss, grads = gradients(*micro)
+            if scale is not None:          # a loss_mask: micro-steps weighted by their unmasked tokens
+                loss, grads = loss * scale[i], tuple(g * scale[i] for g in grads)
             total = total + loss
             summed = grads if summed is None else tuple(a + g for a, g in zip(summed, grads))
         # a plain tuple of Tensors is a constant to ms.jit: it would recompile at every step
