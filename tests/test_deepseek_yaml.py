@@ -36,25 +36,43 @@ def test_research_file_names_only_what_is_not_built_or_must_change_here(capsys):
     lines = problems(err)
     assert code == 2 and "Traceback" not in err + out
     assert not [line for line in lines if "unknown key" in line], lines
-    assert keys_of(lines) == sorted(
-        ["moe_config.aux_loss_factors", "model.model_config.auto_register", "model.model_config.offset",
-         "parallel_config"]), lines           # the MLA sizes are read (transformer/mla.py, DeepseekV3ForCausalLM)
+    # its two load-balancing factors (0.05 and [0.0001]) disagree; the research model's own module; 1024 workers;
+    # an offset that counts the MTP layer in the last stage (MindFormers' research split: 61 + 1 layers)
+    assert keys_of(lines) == ["model.model_config.auto_register", "model.model_config.offset",
+                              "moe_config.aux_loss_factors", "parallel_config"], lines
     mc, report = model_keys("research_pretrain_deepseek3_671b.yaml")
+    assert [mc[k] for k in MLA] == [512, 1536, 128, 64, 128]       # read (transformer/mla.py, DeepseekV3ForCausalLM)
     assert mc["rope_theta"] == 10000.0 and mc["num_experts"] == 256 and mc["first_k_dense_replace"] == 3
     assert mc["scoring_func"] == "sigmoid" and mc["moe_router_enable_expert_bias"] is True
     listed = {k for k, _ in report.not_applied}
     assert "model.model_config.return_extra_loss" in listed      # the extra losses always join the loss here
 
 
-def test_pynative_file_reads_mla_sizes_and_refuses_its_yarn_keys_by_name(capsys):
+def test_pynative_file_reads_mla_yarn_and_mtp_keys(capsys):
+    """The PyNative TrainConfig DeepSeek-V3 file: MLA sizes, the flat YaRN keys (position_embedding_type yarn,
+    rotary_scaling_factor, beta_fast/slow, mscale, mscale_all_dim) as one rope_scaling mapping, the MTP keys;
+    on CPU only its bfloat16 compute dtype remains to change."""
+    mc, report = model_keys("pynative_ds3.yaml")
+    assert [mc[k] for k in MLA] == [512, 1536, 128, 64, 192] and mc["multi_latent_attention"] is True
+    assert mc["rope_scaling"] == {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1,
+                                  "mscale_all_dim": 1, "original_max_position_embeddings": 4096}
+    assert report.origin["model.model_config.rope_scaling"] == "model.position_embedding_type"
     code, out, err = run(capsys, "--config", real("pynative_ds3.yaml"), "--check_config")
-    text = "\n".join(problems(err))
-    assert code == 2
-    for k in MLA:                       # read since MLA is built (DeepseekV3ForCausalLM, docs/deepseek_v3.md)
-        assert f"model.{k} = " not in text, text
-    for k in ("rotary_scaling_factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow"):
-        assert f"model.{k} = " in text
-    assert "num_nextn_predict_layers" not in text and "mtp_loss_scaling_factor" not in text
+    assert code == 2 and keys_of(problems(err)) == ["compute_dtype", "model.compute_dtype"], err
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"rotary_scaling_factor": 4}, "model.rotary_scaling_factor = 4: a YaRN setting, read only with "
+                                   "model.position_embedding_type: yarn"),
+    ({"position_embedding_type": "yarn"}, "model.position_embedding_type = 'yarn': needs model.rotary_scaling_factor"),
+])
+def test_flat_yarn_keys_alone_are_named(keys, message):
+    raw = read_yaml(real("pynative_ds3.yaml"))
+    for k in ("position_embedding_type", "rotary_scaling_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        raw["model"].pop(k)
+    raw["model"].update(keys)
+    _, _, errors = translate(raw)
+    assert any(message in e for e in errors), errors
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +111,42 @@ def test_tiny_model_trains_with_mtp_from_the_graph_mode_keys(tiny, tmp_path, cap
     assert abs(with_mtp[0]["loss"] - with_mtp[0]["mtp_loss"] - plain[0]["loss"]) < 1e-5 * plain[0]["loss"]
     # the term is 0.3 x a cross-entropy of an untrained model: about 0.3 x ln(vocab 384) = 1.8
     assert 1.2 < with_mtp[0]["mtp_loss"] < 2.4
+
+
+from tests.test_megatron_data import megatron  # noqa: E402,F401  (the .bin/.idx fixture)
+
+SHRUNK = ["--use_parallel", False, "--parallel_config.data_parallel", 1, "--parallel_config.model_parallel", 1,
+          "--parallel_config.pipeline_stage", 1, "--parallel_config.expert_parallel", 1,
+          "--parallel_config.micro_batch_num", 1, "--parallel_config.use_seq_parallel", False,
+          "--model.model_config.num_layers", 2, "--model.model_config.hidden_size", 32,
+          "--model.model_config.num_heads", 4, "--model.model_config.n_kv_heads", 4,
+          "--model.model_config.intermediate_size", 64, "--model.model_config.kv_lora_rank", 16,
+          "--model.model_config.q_lora_rank", 24, "--model.model_config.qk_rope_head_dim", 8,
+          "--model.model_config.qk_nope_head_dim", 8, "--model.model_config.v_head_dim", 8,
+          "--model.model_config.vocab_size", 384, "--model.model_config.seq_length", 32,
+          "--model.model_config.max_position_embeddings", 32, "--model.model_config.offset", 0,
+          "--model.model_config.compute_dtype", "float32", "--recompute_config.recompute", False,
+          "--moe_config.expert_num", 4, "--moe_config.num_experts_chosen", 2, "--moe_config.moe_intermediate_size", 16,
+          "--moe_config.first_k_dense_replace", 1, "--runner_config.batch_size", 2, "--runner_config.max_steps", 2,
+          "--lr_schedule.learning_rate", 1e-3, "--lr_schedule.total_steps", 2]
+
+
+def test_shrunk_research_file_trains_2_steps_with_mtp(megatron, tmp_path, capsys):  # noqa: F811
+    """MindFormers' research DeepSeek-V3 file (mtp_depth 1, mtp_loss_factor 0.3, MLA sizes, moe_config block with
+    sigmoid routing and the expert bias), sizes/data/parallel sizes shrunk on the command line; its research-model
+    auto_register lines (a module of the MindFormers tree) are dropped, its two load-balancing factors made one."""
+    import yaml
+    raw = read_yaml(real("research_pretrain_deepseek3_671b.yaml"))
+    del raw["model"]["model_config"]["auto_register"], raw["model"]["arch"]["auto_register"]
+    del raw["moe_config"]["aux_loss_factor"]           # aux_loss_factors [0.0001] (with aux_loss_types) stays
+    path = tmp_path / "deepseek3.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = tmp_path / "out"
+    code, stdout, err = run(
+        capsys, "--config", path, "--output_dir", out, "--mode", 1, *SHRUNK,
+        "--train_dataset.data_loader.config.data_path", f"['1', '{megatron['prefix']}']",
+        "--train_dataset.tokenizer_file", megatron["tokenizer"])
+    assert code == 0, err
+    rows = records(out)
+    assert len(rows) == 2 and all(4 < r["loss"] < 9 and 1.2 < r["mtp_loss"] < 2.4 for r in rows), rows
+    assert all("aux_loss" in r and "expert_load" in r for r in rows)

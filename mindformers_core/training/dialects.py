@@ -234,11 +234,31 @@ class _Translation:
             return
         self.put("model.model_config.pet_config", dict(value, pet_type="lora"), user)
 
+    def yarn(self, keys: Dict[str, Any], prefix: str) -> None:
+        """MindFormers' flat YaRN keys (``position_embedding_type: yarn``, ``rotary_scaling_factor``, ``beta_fast``,
+        ...) -> ``model.model_config.rope_scaling`` (config.json's mapping; the model checks its values)."""
+        given = {K.YARN_FLAT[k]: v for k, v in keys.items() if k in K.YARN_FLAT and v is not None}
+        if keys.get("position_embedding_type") != "yarn":
+            for k, v in keys.items():
+                if k in K.YARN_FLAT and v is not None:
+                    self.errors.append(f"{prefix}{k} = {v!r}: a YaRN setting, read only with "
+                                       f"{prefix}position_embedding_type: yarn")
+            return
+        if "factor" not in given:
+            self.errors.append(f"{prefix}position_embedding_type = 'yarn': needs {prefix}rotary_scaling_factor "
+                               "(the context extension factor)")
+            return
+        given.setdefault("original_max_position_embeddings", K.YARN_ORIGINAL_DEFAULT)
+        self.put("model.model_config.rope_scaling", dict(type="yarn", **given), f"{prefix}position_embedding_type")
+
     def model(self, keys: Dict[str, Any], prefix: str, own: Iterable[str]) -> None:
         """``keys`` of one model section (``model.model_config`` or PyNative ``model``)."""
         own = set(own)
+        self.yarn(keys, prefix)
         for name, value in keys.items():
             user = f"{prefix}{name}"
+            if name in K.YARN_FLAT or (name == "position_embedding_type" and value == "yarn"):
+                continue                                  # read by yarn() above
             if name == "offset" and isinstance(value, list) and value and all(isinstance(v, list) for v in value):
                 value = [o for chunk in value for o in chunk]    # per virtual stage lists -> stage order
             if name == "moe_token_drop_policy" and (value in (False, None) or (
@@ -826,6 +846,11 @@ def table_markdown() -> str:
     out += [f"| `moe_config.{k}` | `model.model_config.{v}`"
             + {"use_gating_sigmoid": " (`sigmoid` / `softmax`)", "expert_num": " (<= 1: a dense model)",
                "aux_loss_factors": " (one factor)"}.get(k, "") + " |" for k, v in K.MOE_CONFIG_KEYS.items()]
+    out += ["", "### YaRN in MindFormers' flat keys (both dialects, applied)", "",
+            "With `position_embedding_type: yarn` these keys make one `model.model_config.rope_scaling` mapping (type "
+            f"yarn; `original_max_position_embeddings` {K.YARN_ORIGINAL_DEFAULT} when not given, as mcore's); without "
+            "it they are refused by name.", "", "| key in the file | `rope_scaling` key |", "|---|---|"]
+    out += [f"| `{k}` | `{v}` |" for k, v in K.YARN_FLAT.items()]
     out += ["", "### PyNative TrainConfig keys (applied)", "", "| key in the file | read as |", "|---|---|"]
     out += [f"| `{k}` | `{v}` |" for k, v in K.PYNATIVE_ALIASES.items()]
     out += ["| `training.global_batch_size` | `runner_config.gradient_accumulation_steps` (pipeline: "

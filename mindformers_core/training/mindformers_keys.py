@@ -60,7 +60,6 @@ MOE_KERNEL_KEYS = ("router_dense_type", "moe_grouped_gemm", "use_fused_ops_topkr
                    "moe_permute_fusion", "moe_router_dtype")
 # name -> (values accepted, the error when another value is given); accepted values are listed as not applied
 MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
-    "multi_latent_attention": ((False, None), "multi-latent attention (MLA) is not implemented; set it to False"),
     "add_bias_linear": ((False, None), "biases on every linear layer are not implemented for this model (QKV bias "
                                        "is: add_qkv_bias / qkv_has_bias); set it to False"),
     "position_embedding_type": (("rope", None), "only 'rope' position embeddings are implemented"),
@@ -76,11 +75,14 @@ MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "pre_seq_len": (("None", None, 0), "prefix tuning is not implemented; set it to None"),
     "quantization_bit": ((0, None), "quantized training is not implemented; set it to 0"),
     "use_past": ((False, None), "incremental inference (use_past) is not implemented; set it to False"),
-    # DeepSeek-V3's multi-latent attention sizes and YaRN (issue 32): refused by name until they are built (a
-    # model trained without them would not be the one the file describes)
-    **{k: ((None,), "YaRN rotary scaling is not implemented yet; remove it (plain RoPE)")
-       for k in ("rotary_scaling_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")},
 }
+# YaRN in MindFormers' flat spelling (PyNative / mcore: position_embedding_type 'yarn' and these keys) -> the keys of
+# model.model_config.rope_scaling (config.json's); original_max_position_embeddings defaults to 4096 as in mcore's
+# MLATransformerConfig and DeepSeek-V3 (dialects.py assembles the mapping)
+YARN_FLAT: Dict[str, str] = {"rotary_scaling_factor": "factor", "original_max_position_embeddings":
+                             "original_max_position_embeddings", "beta_fast": "beta_fast", "beta_slow": "beta_slow",
+                             "mscale": "mscale", "mscale_all_dim": "mscale_all_dim"}
+YARN_ORIGINAL_DEFAULT = 4096
 # moe_router_pre_softmax: True = our router (softmax over every expert, then top-k); False (Megatron's softmax
 # over the k chosen logits) = the same weights as renormalizing the top k: read as norm_topk_prob True
 PRE_SOFTMAX = "moe_router_pre_softmax"

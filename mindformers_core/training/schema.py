@@ -215,6 +215,8 @@ SCHEMA = Section({
             "pet_config": F("dict|null", None, "LoRA fine-tuning (MindFormers' pet_config: pet_type lora, lora_rank, "
                                                "lora_alpha, lora_dropout, target_modules regex; the PyNative "
                                                "dialect's lora_config maps here; docs/finetune.md)."),
+            "multi_latent_attention": F("bool|null", None, "MLA on (DeepseekV3ForCausalLM: its default, with "
+                                                           "kv_lora_rank); true on another family is refused."),
             "mtp_num_layers": F("int|null", None, "Multi-token prediction depths after the main model (DeepSeek-V3: 1; "
                                                   "MindFormers' mtp_depth / num_nextn_predict_layers; docs/mtp.md); "
                                                   "null or 0 = none.", min=0),

@@ -26,7 +26,8 @@ _RENAMED = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidde
 # YaRN and DeepSeek's pairwise rope (transformer/yarn.py, rotary.py): any Llama-shaped family may use them
 _RENAMED.update({"rope_scaling": "rotary_scaling", "rope_interleave": "rotary_interleaved"})
 # multi-latent attention's sizes: DeepSeek-V3's (models/deepseek_v3); null (the schema's default) is no MLA
-MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+            "multi_latent_attention")
 _ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
 # rotary tables are built for seq_length; use_flash_attention: the same attention computed unfused (CPU)
 _IGNORED = ("type", "max_position_embeddings", "use_flash_attention", "pet_config")   # pet_config: LoRA, peft/
@@ -63,7 +64,8 @@ class LlamaConfig(TransformerConfig):
         model_config = dict(model_config)
         kwargs = {}
         for key, value in model_config.items():
-            if key in _IGNORED or is_moe_key(key) or (key in MLA_ONLY and value is None):
+            if key in _IGNORED or is_moe_key(key) or (key in MLA_ONLY and value is None) \
+                    or (key == "multi_latent_attention" and not value):
                 continue
             if key in MLA_ONLY:
                 raise ValueError(f"{cls.__name__}: model_config.{key}={value!r}: multi-latent attention is "
