@@ -1,36 +1,130 @@
-"""Parallel generation under msrun: the generation step parallelized at tp2 (attention heads, MLP and the
-vocabulary split; each rank holds the KV-cache slice of its key/value heads) gives the one-process tokens
-and logits (1e-5 of the largest) in PyNative and jit, and transformers' greedy ids, on the Qwen3-MoE fixture
-(GQA, q/k norm, experts: every part the dense Qwen3 has, plus MoE; the dense fixture ran here too until the
-suite had to fit its time budget)."""
+"""Parallel predict under msrun through ``run_mindformer.main`` (``run_mode: predict``, ``--use_parallel True``,
+model_parallel 2) on the Qwen3-MoE fixture (GQA, q/k norm, experts): the three fixture prompts from a file in
+batches of 2 (the second batch: one prompt, left-padded to the longest of all and filled up with a copy, its
+text streamed) give transformers' greedy ids in rank 0's predict_results.jsonl, in PyNative and jit; every
+decode step's logits on each rank = a full one-process forward over the same prefix (1e-5 of the largest);
+each rank holds the KV-cache slice of its key/value heads and half the query projection; only rank 0 prints.
+
+One job in the suite's batched 2-worker launch (tests/msrun_batch.py): both modes run in turn (``run_many``)."""
+import functools
+import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
+import yaml
 
+from mindformers_core.data.tokenizer import build_tokenizer
 from tests.msrun_batch import job
 
 pytestmark = pytest.mark.msrun
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
-NAMES = ("qwen3_moe",)
-
-# one body in the suite's batched 2-worker launch (tests/msrun_batch.py)
-TP2 = job("generation_tp2", 2, "tests.bodies.generation_tp_body:run", {"names": NAMES}, timeout=600, group=__name__)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FOLDER = os.path.join(ROOT, "tests", "data", "hf", "qwen3_moe")
+MODES = {"pynative": 1, "jit": 0}
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_tp2_generation_equals_one_process(name):
-    results = [r[name] for r in TP2.results()]
+def predict_yaml(root: str) -> str:
+    """configs/llama_tiny.yaml with the model, weights and tokenizer taken from the folder."""
+    with open(os.path.join(ROOT, "configs", "llama_tiny.yaml")) as f:
+        raw = yaml.safe_load(f)
+    raw["model"] = {"model_config": {"seq_length": 16}}
+    raw["train_dataset"].pop("tokenizer_file", None)
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = FOLDER
+    path = os.path.join(root, "predict.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f)
+    return path
+
+
+def fixture_prompts():
+    ref = np.load(os.path.join(FOLDER, "reference.npz"))
+    tok = build_tokenizer("hf", FOLDER)
+    ids = [[int(t) for t in ref[f"prompt_{i}"]] for i in range(3)]
+    texts = [tok.decode(p[1:]) for p in ids]                 # BOS first, then the text
+    return ref, tok, ids, texts
+
+
+@functools.lru_cache(maxsize=None)
+def plan():
+    """The config, the prompt file and one argv per mode (made once per process)."""
+    base = tempfile.mkdtemp(prefix="generation_msrun_")
+    config = predict_yaml(base)
+    _, _, _, texts = fixture_prompts()
+    prompts = os.path.join(base, "prompts.txt")
+    with open(prompts, "w") as f:
+        f.write("\n".join(texts) + "\n")
+    out = {mode: os.path.join(base, mode) for mode in MODES}
+    argvs = [["--config", config, "--output_dir", out[mode], "--run_mode", "predict", "--use_parallel", "True",
+              "--parallel_config.model_parallel", "2", "--predict_data", prompts, "--predict_batch_size", "2",
+              "--context.mode", str(flag)] for mode, flag in MODES.items()]
+    return out, argvs
+
+
+TP2 = job("generation_predict_tp2", 2, "tests.bodies.generation_tp_body:run", lambda: {"argvs": plan()[1]},
+          timeout=600, group=__name__)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    results = TP2.results()
     assert len(results) == 2
-    ref = np.load(os.path.join(DATA, name, "reference.npz"))
-    want_ids = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
-    for mode in ("pynative", "jit"):
-        for rank, res in enumerate(results):
-            got, one = res[mode]["tp"], res[mode]["one"]
-            assert one["ids"] == want_ids
-            assert got["ids"] == want_ids, f"rank {rank} {mode}"
-            b, g, length, d = one["cache"]
-            assert got["cache"] == (b, g // 2, length, d)                  # this rank's key/value heads only
-            assert got["linear_q"][0] * 2 == one["linear_q"][0] or got["linear_q"][1] * 2 == one["linear_q"][1]
-            err = np.abs(got["logits"] - one["logits"]).max() / np.abs(one["logits"]).max()
-            assert err <= 1e-5, f"rank {rank} {mode}: logits {err:.2e}"
+    assert [[r["code"] for r in rank] for rank in results] == [[0, 0], [0, 0]]
+    return {mode: [rank[i] for rank in results] for i, mode in enumerate(MODES)}
+
+
+def full_forward_logits(ids):
+    """Logits (n, vocab) of the one-process model over a row's whole sequence (positions as inputs, no cache,
+    PyNative)."""
+    import mindspore as ms
+    x = ms.Tensor(np.asarray(ids, np.int32)[None])
+    pos = ms.Tensor(np.arange(len(ids), dtype=np.int32)[None])
+    return _model()(x, None, None, pos).asnumpy()[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _model():
+    from mindformers_core.models.hf.pretrained import from_pretrained
+    model = from_pretrained(FOLDER, seq_length=64)
+    model.set_train(False)
+    return model
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tp2_predict_writes_transformers_ids_and_only_rank0_prints(runs, mode):
+    ref, tok, ids, texts = fixture_prompts()
+    want = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
+    rows = [json.loads(line) for line in open(os.path.join(plan()[0][mode], "predict_results.jsonl"))]
+    assert [r["prompt"] for r in rows] == texts
+    assert [r["token_ids"] for r in rows] == want
+    assert [r["finish_reason"] for r in rows] == ["length"] * 3
+    rank0, rank1 = (r["printed"] for r in runs[mode])
+    for r in rows:
+        assert r["text"] in rank0 and r["text"] not in rank1
+    assert rank0.rstrip().endswith(rows[2]["text"])          # the one-prompt batch, streamed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tp2_every_step_equals_a_one_process_full_forward(runs, mode):
+    ref, _, ids, _ = fixture_prompts()
+    want = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
+    full = [full_forward_logits(w) for w in want]
+    heads = json.load(open(os.path.join(FOLDER, "config.json")))["num_key_value_heads"]
+    for rank, res in enumerate(runs[mode]):
+        calls = res["calls"]
+        assert len(calls) == 2                                # prompts 0, 1; then prompt 2 and its filler
+        rows = [(0, 0, 0), (0, 1, 1), (1, 0, 2)]              # (call, row in the batch, prompt)
+        for call, row, i in rows:
+            got = calls[call]["logits"][:, row, :]            # (steps, vocab): prefill, then 31 decode steps
+            n = len(ids[i])
+            one = full[i][n - 1:n - 1 + got.shape[0]]
+            err = np.abs(got - one).max() / np.abs(one).max()
+            assert err <= 1e-5, f"rank {rank} {mode} prompt {i}: logits {err:.2e}"
+        b, g, length, d = calls[0]["cache"]
+        assert (b, g * 2) == (2, heads) and length == 12 + 32  # the longest prompt + the new tokens
+        rows_in, cols_out = _q_shape()                           # (hidden, heads x head_dim): columns split
+        assert calls[0]["linear_q"] == (rows_in, cols_out // 2)
+
+
+def _q_shape():
+    return tuple(dict(_model().parameters_and_names())["decoder.layers.0.self_attention.linear_q.weight"].shape)

@@ -79,11 +79,17 @@ def test_one_prompt_streams_and_chat_messages_use_the_template(setup, capsys):
     (["--predict_data", "x" * 200], "more than the model's maximum 64"),
     (["--top_p", 1.5, "--do_sample", "True"], "top_p=1.5: must be in (0, 1]"),
     (["--predict_batch_size", 0], "--predict_batch_size 0: must be a positive integer"),
+    (["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2],
+     "parallel_config.pipeline_stage = 2 with run_mode = 'predict': a pipelined KV cache"),
+    (["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--parallel_config.expert_parallel", 2],
+     ("parallel_config.data_parallel = 2 with run_mode = 'predict'",
+      "parallel_config.expert_parallel = 2 with run_mode = 'predict'")),
 ])
 def test_bad_input_is_named_before_generation(setup, extra, words, capsys):
     out = setup["tmp"] / "bad"
     code = predict(setup, out, *extra)
     err = capsys.readouterr().err
     assert code == 2, err
-    assert words in err, err
+    for w in (words,) if isinstance(words, str) else words:
+        assert w in err, err
     assert not (out / "predict_results.jsonl").exists()

@@ -310,10 +310,11 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
     (1, ["--callbacks", "[{type: EvalCallBack}]"],
      ["eval_dataset.dataset_dir = None: EvalCallBack needs held-out data"]),
     (2, ["--use_parallel", "True", "--run_mode", "predict", "--parallel_config.data_parallel", 2],
-     ["run_mode = 'predict': runs on one process, not 2 workers"]),
+     ["parallel_config.data_parallel = 2 with run_mode = 'predict': generation keeps every prompt of a batch on "
+      "every rank"]),
     (2, ["--use_parallel", "True", "--run_mode", "predict", "--parallel_config.context_parallel", 2],
-     ["parallel_config.context_parallel = 2 with run_mode = 'predict': prediction runs on one process over the "
-      "whole sequence; set context_parallel: 1", "run_mode = 'predict': runs on one process, not 2 workers"]),
+     ["parallel_config.context_parallel = 2 with run_mode = 'predict': prediction keeps the whole sequence on every "
+      "rank (a sequence-split KV cache is not designed); set context_parallel: 1"]),
 ], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_schedule",
          "pipeline_tie_and_empty_rank", "vocab",
         "dataset_dir", "load_checkpoint", "runner", "eval_without_data", "predict_parallel", "cp_predict"])

@@ -89,10 +89,11 @@ def check_parallel(config) -> None:
                          "not designed)")
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int):
-    """(ids (b, P) int32, position_ids (b, P) int32, first real column per row (b,))."""
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, width: Optional[int] = None):
+    """(ids (b, P) int32, position_ids (b, P) int32, first real column per row (b,)); ``P`` is the longest
+    prompt, or ``width`` when given (a fixed shape for every batch: a parallel generator keeps one)."""
     lengths = [len(p) for p in prompts]
-    width = max(lengths)
+    width = max(lengths) if width is None else max(max(lengths), int(width))
     ids = np.full((len(prompts), width), pad_id, np.int32)
     positions = np.zeros((len(prompts), width), np.int32)
     starts = np.array([width - n for n in lengths], np.int64)
@@ -130,8 +131,9 @@ class Generator:
     def _choose_fn(self, logits, presence, banned, uniform):
         return self.chooser(logits, presence, banned, uniform)
 
-    def check(self, prompts: Sequence[Sequence[int]]) -> int:
-        """The number of new tokens, after checking the prompts against the model's maximum."""
+    def check(self, prompts: Sequence[Sequence[int]], width: Optional[int] = None) -> int:
+        """The number of new tokens, after checking the prompts (left-padded to at least ``width``) against the
+        model's maximum."""
         if not prompts:
             raise ValueError("generate: no prompt")
         for i, p in enumerate(prompts):
@@ -141,7 +143,7 @@ class Generator:
             if bad:
                 raise ValueError(f"generate: prompt {i} holds token ids {bad[:5]} outside the vocabulary "
                                  f"[0, {self.vocab_size})")
-        width = max(len(p) for p in prompts)
+        width = max(max(len(p) for p in prompts), int(width or 0))
         new = self.config.new_tokens_for(width)
         if self.max_positions is not None:
             if width > self.max_positions:
@@ -184,14 +186,16 @@ class Generator:
         return self._fn(name)(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
                               Tensor(slots.astype(np.int32)), Tensor(valid.astype(np.int32)))
 
-    def generate(self, prompts: Sequence[Sequence[int]], streamer: Optional[Callable] = None):
+    def generate(self, prompts: Sequence[Sequence[int]], streamer: Optional[Callable] = None,
+                 width: Optional[int] = None):
         """``streamer(step, tokens, active)``: called after every token with the new ids (b,) and which rows
-        were still running. Returns (list of :class:`GenerationResult`, :class:`GenerationStats`)."""
+        were still running; ``width``: left-pad the prompts to at least this many columns (the tokens do not
+        change). Returns (list of :class:`GenerationResult`, :class:`GenerationStats`)."""
         cfg = self.config
         prompts = [[int(t) for t in p] for p in prompts]
-        new = self.check(prompts)
+        new = self.check(prompts, width)
         pad = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_token_id[0] if cfg.eos_token_id else 0)
-        ids, positions, starts = left_pad(prompts, pad)
+        ids, positions, starts = left_pad(prompts, pad, width)
         b, width = ids.shape
         length = width + new
         was_training = self.model.training

@@ -180,12 +180,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             trainer.log(f"eval_loss {loss:.4f} ({config.eval_dataset.eval_steps} batches of "
                         f"{config.eval_dataset.dataset_dir})")
         else:                                                # predict
+            flags = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample,
+                     **{flag: getattr(args, flag) for flag, _, _ in GENERATION_FLAGS}}
+            batch = 1 if args.predict_batch_size is None else args.predict_batch_size
+            trainer.check_predict(args.predict_data, batch, flags)      # before the process group
             trainer.setup()
             if trainer.restore() == 0 and not config.load_checkpoint:
                 print(f"{PROG}: predicting from randomly initialised weights (no load_checkpoint)", file=sys.stderr)
-            flags = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample,
-                     **{flag: getattr(args, flag) for flag, _, _ in GENERATION_FLAGS}}
-            trainer.predict_all(args.predict_data, 1 if args.predict_batch_size is None else args.predict_batch_size, flags)
+            trainer.predict_all(args.predict_data, batch, flags)
     except ConfigError as e:
         print(f"{PROG}: invalid configuration:\n{e}", file=sys.stderr, flush=True)
         return 2

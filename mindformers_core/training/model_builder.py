@@ -51,6 +51,8 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
                 log=print) -> BuiltModel:
     spec = get_model_spec(cfg.model.arch.type)
     mcfg = model_config_for(spec, cfg, shape)
+    if shape.predicting:
+        return predict_model(spec, cfg, shape, mcfg, topo, log)
     ep = mcfg.expert_model_parallel_size
     if ep > 1:   # experts over ep, carved out of dp: "dp" names ("edp", "ep") (docs/moe.md)
         mesh = expert_mesh(shape.dp, shape.cp, shape.tp, ep, topo.stage_ranks)
@@ -84,6 +86,19 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
     copies = tuple(p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters())
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg))
+
+
+def predict_model(spec, cfg: Config, shape: JobShape, mcfg, topo: Topology, log=print) -> BuiltModel:
+    """``run_mode: predict``: the whole model on every rank, not sharded for training shapes: the generator
+    shards its step (model and KV caches) for the prompts' shapes (tensor parallel, ``Generator(
+    parallel_config=model_config)``) after the checkpoint loads the full weights. ``model_config`` keeps the
+    job's sizes (sequence parallel off: a training memory split, no change to the tokens)."""
+    ms.set_seed(int(cfg.seed))
+    one = replace(mcfg, data_parallel_size=1, tensor_model_parallel_size=1, sequence_parallel=False)
+    model = spec.model_class(one)
+    _apply_lora(lora_settings(cfg, shape), model, one, topo.rank, log)
+    return BuiltModel(replace(mcfg, sequence_parallel=False), [model], list(model.trainable_params()),
+                      sharding_plan_of(model))
 
 
 def batch_samples(cfg: Config, ids: np.ndarray) -> tuple:

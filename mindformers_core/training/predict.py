@@ -1,5 +1,6 @@
 """``run_mode: predict``: batched generation with a KV cache (``mindformers_core.generation``) from the loaded
-weights, on one process.
+weights, on one process or tensor parallel under msrun (``parallel_config.model_parallel`` = the worker count:
+each rank its heads, MLP and vocabulary slices and its KV-cache slice; rank 0 prints and writes the results).
 
 Prompts: ``--predict_data`` strings, or one file: ``.jsonl`` (one JSON object a line: ``{"prompt": text}``,
 ``{"text": text}`` or ``{"messages": [{role, content}, ...]}`` rendered with the model folder's chat
@@ -86,6 +87,22 @@ def generation_config(tokenizer, folder_generation: Optional[Dict[str, Any]], mo
     return config.replace(eos_token_id=eos, pad_token_id=pad)
 
 
+def parallel_problems(data_parallel: int, pipeline_stage: int, expert_parallel: int) -> List[str]:
+    """``run_mode: predict`` under msrun runs tensor parallel only (generation/generate.py: heads, MLP and
+    vocabulary split, each rank its KV-cache slice); the other axes, named with why (a config rule: checked
+    with the others, before any process group)."""
+    why = {"data_parallel": (data_parallel, "generation keeps every prompt of a batch on every rank (the logits are "
+                                            "gathered for the token choice); a batch split over dp is not designed"),
+           "pipeline_stage": (pipeline_stage, "a pipelined KV cache (each stage its layers' cache, hidden states sent "
+                                              "stage to stage for every token) is not designed"),
+           "expert_parallel": (expert_parallel, "experts are spread over groups carved out of data parallel, which "
+                                                "generation does not split (with model_parallel the experts stay "
+                                                "whole on each rank, as in training)")}
+    return [f"parallel_config.{key} = {size} with run_mode = 'predict': {reason}; set {key}: 1 (predict runs on one "
+            "process or tensor parallel: model_parallel = the worker count)"
+            for key, (size, reason) in why.items() if (size or 1) > 1]
+
+
 def check_batch_size(batch_size: int, dp: int) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"--predict_batch_size {batch_size!r}: must be a positive integer")
@@ -113,7 +130,8 @@ def complete(model, tokenizer, seq_length: int, prompt: str, max_new_tokens: int
 
 
 class _Stream:
-    """Prints one row's text as its tokens arrive (rank 0)."""
+    """Prints one row's text as its tokens arrive (rank 0); a text ending in U+FFFD (the bytes of a character
+    not all generated yet) waits for the next token, so what is printed is the final text."""
 
     def __init__(self, tokenizer, prefix_ids: List[int], out):
         self.tokenizer, self.prefix, self.out = tokenizer, list(prefix_ids), out
@@ -127,7 +145,7 @@ class _Stream:
             return
         self.ids.append(int(tokens[0]))
         text = self.tokenizer.decode(self.prefix + self.ids)
-        if text.startswith(self.shown):
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):   # not half a UTF-8 character
             self.out.write(text[len(self.shown):])
             self.out.flush()
             self.shown = text
@@ -141,26 +159,33 @@ class _Stream:
 
 def run_predict(model, tokenizer, prompts: Sequence[Any], config: GenerationConfig, batch_size: int = 1,
                 jit: bool = False, max_positions: Optional[int] = None, output_dir: Optional[str] = None,
-                out=None, log=None) -> List[Dict[str, Any]]:
+                out=None, log=None, parallel_config=None) -> List[Dict[str, Any]]:
     """Every prompt through the generator in batches of ``batch_size``; returns the JSONL rows (also written
-    to ``output_dir/predict_results.jsonl``). ``out``: where texts go (stdout); ``log``: the stats line."""
+    to ``output_dir/predict_results.jsonl``). ``out``: where texts go (stdout); ``log``: the stats line.
+    ``parallel_config`` (a model config with tp > 1, under msrun): the step is sharded once, for one shape,
+    so every batch is left-padded to the longest prompt of all and the last batch is filled up with copies
+    of its first prompt (their results dropped): the tokens are those of one process."""
     out = sys.stdout if out is None else out
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
-    generator = Generator(model, config, jit=jit, max_positions=max_positions)
+    generator = Generator(model, config, jit=jit, max_positions=max_positions, parallel_config=parallel_config)
     for i, ids in enumerate(encoded):           # every prompt checked before anything runs
         try:
             generator.check([ids])
         except ValueError as e:
             raise ValueError(str(e).replace("prompt 0", f"prompt {i}")) from None
+    width = max(len(ids) for ids in encoded) if parallel_config is not None else None
     rows, totals = [], {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0}
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start:start + batch_size]
+        real = len(batch)
+        if parallel_config is not None:
+            batch = batch + [batch[0]] * (batch_size - real)
         bos = [1 if tokenizer.bos_token_id is not None and ids[:1] == [tokenizer.bos_token_id] else 0 for ids in batch]
-        stream = _Stream(tokenizer, batch[0][bos[0]:], out) if len(batch) == 1 else None
-        results, stats = generator.generate(batch, streamer=stream)
+        stream = _Stream(tokenizer, batch[0][bos[0]:], out) if real == 1 else None
+        results, stats = generator.generate(batch, streamer=stream, width=width)
         for k in totals:
             totals[k] += getattr(stats, k)
-        for j, r in enumerate(results):
+        for j, r in enumerate(results[:real]):
             text = tokenizer.decode(r.token_ids[bos[j]:])
             if stream is not None:
                 stream.finish(text)

@@ -154,9 +154,9 @@ class _Checks:
         # cp x pp and cp + hsdp level3 run in both modes (docs/context_parallel.md): the kernels'
         # backward reads its rank flags from its arguments, never a Parameter or a function its forward uses
         if shape.predicting:
-            self.errors.append(f"{cp} with run_mode = 'predict': prediction runs on one process over the whole "
-                               "sequence; set context_parallel: 1 (a checkpoint trained with cp loads unchanged: "
-                               "cp does not split weights)")
+            self.errors.append(f"{cp} with run_mode = 'predict': prediction keeps the whole sequence on every rank "
+                               "(a sequence-split KV cache is not designed); set context_parallel: 1 (a checkpoint "
+                               "trained with cp loads unchanged: cp does not split weights)")
         if float(cfg.model.model_config.get("attention_dropout", 0.0) or 0.0) > 0:
             self.errors.append(f"{cp}: model.model_config.attention_dropout must be 0 (the context-parallel "
                                "attention kernels have no dropout)")
@@ -238,9 +238,6 @@ class _Checks:
                 and int(lc.warmup_steps) >= int(lc.total_steps):
             errors.append(f"lr_schedule.warmup_steps = {lc.warmup_steps}: must be < lr_schedule.total_steps = "
                           f"{lc.total_steps} for {lc.type}")
-        if shape.predicting and worker_num > 1:
-            errors.append(f"run_mode = 'predict': runs on one process, not {worker_num} workers "
-                          "(start it without msrun, use_parallel: False)")
         problem = shape.world_problem(worker_num, "the worker count")
         if problem:
             errors.append(problem + " (msrun --worker_num)")

@@ -44,6 +44,10 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
                                              "pp": _get(cfg, pc + "pipeline_stage")})
         if problem:
             errors.append(f"parallel_config.rank_order = {order!r}: {problem}")
+    if ok("run_mode", pc + "data_parallel", pc + "pipeline_stage") and cfg["run_mode"] == "predict":
+        from .predict import parallel_problems
+        errors += parallel_problems(_get(cfg, pc + "data_parallel"), _get(cfg, pc + "pipeline_stage"),
+                                    cfg["parallel_config"].get("expert_parallel") or 1)
     if ok("use_parallel") and worker_num > 1 and not cfg["use_parallel"]:
         errors.append(f"use_parallel = False: must be True when running on {worker_num} workers")
 

@@ -11,7 +11,8 @@ Order of construction (errors as early as possible):
 3. ``train()``: load/resume (``checkpointing``) → loop. The same loop runs eagerly
    (``context.mode: 1``) or compiled (``mode: 0``).
 
-``predict()``/``generate()`` run greedy generation on one process (``predict``). The parallel
+``predict_all()`` (``run_mode: predict``) generates on one process or tensor parallel under msrun;
+``predict()``/``generate()`` on one process (``predict``). The parallel
 optimizer runs as hsdp; ``context_parallel > 1`` is refused. See docs/quickstart.md.
 """
 from __future__ import annotations
@@ -338,23 +339,37 @@ class Trainer:
                                    seed=int(self.cfg.seed))
         return config, (int(positions) if positions else None)
 
-    def predict_all(self, predict_data, batch_size: int = 1, flags: Optional[dict] = None):
-        """``run_mode: predict``: every prompt of ``predict_data`` (strings or a file) in batches, texts to the
-        console, ``predict_results.jsonl`` in the output directory, tokens/s (training/predict.py)."""
+    def check_predict(self, predict_data, batch_size: int = 1, flags: Optional[dict] = None) -> list:
+        """The prompts, after checking them, the batch size (over dp) and the generation flags: before any
+        process group or model exists."""
         try:
             prompts = read_prompts(predict_data)
             check_batch_size(batch_size, self.shape.dp)
             GenerationConfig.from_dict(flags)              # bad flag values named before the model is built
         except ValueError as e:
             raise ConfigError([str(e)]) from None
+        return prompts
+
+    def predict_all(self, predict_data, batch_size: int = 1, flags: Optional[dict] = None):
+        """``run_mode: predict``: every prompt of ``predict_data`` (strings or a file) in batches, texts to the
+        console, ``predict_results.jsonl`` in the output directory, tokens/s (training/predict.py). Under msrun
+        (model_parallel > 1) every rank runs the generation step sharded over tp (its KV-cache slice); rank 0
+        prints and writes the results."""
+        prompts = self.check_predict(predict_data, batch_size, flags)
         self.setup()
-        self._one_process()
+        parallel = self.built.model_config if self.world > 1 else None
+        quiet = None if self.rank == 0 else open(os.devnull, "w")
         try:
             config, positions = self.generation_setup(flags)
             return run_predict(self.model, self.tokenizer, prompts, config, batch_size, jit=self.shape.jit,
-                               max_positions=positions, output_dir=self.output_dir if self.rank == 0 else None)
+                               max_positions=positions, output_dir=self.output_dir if self.rank == 0 else None,
+                               out=quiet, log=None if self.rank == 0 else (lambda text: None),
+                               parallel_config=parallel)
         except ValueError as e:
             raise ConfigError([str(e)]) from None
+        finally:
+            if quiet is not None:
+                quiet.close()
 
     def _one_process(self) -> None:
         if self.world != 1:
