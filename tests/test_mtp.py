@@ -37,12 +37,12 @@ def numpy_mtp_term(model, ids, labels, mask):
     b, s = ids.shape
     losses = []
     for k in range(1, c.mtp_num_layers + 1):
-        pre = f"mtp.layers.{k - 1}."
+        pre = f"mtp.layers.{c.num_layers + k - 1}."
         idx = np.minimum(np.arange(s) + k, s - 1)
         e = emb[ids[:, idx]]
         x = np.concatenate([rms(e, P[pre + "enorm.weight"]), rms(hidden, P[pre + "hnorm.weight"])], -1)
         x = x @ P[pre + "eh_proj.weight"]
-        layer = model.mtp.layers[k - 1].transformer_layer
+        layer = model.mtp.layers[c.num_layers + k - 1].transformer_layer
         x = layer(Tensor(x.astype(np.float32))).asnumpy().astype(np.float64)
         hidden = rms(x, P[pre + "shared_head_norm.weight"])
         tok = ce(hidden @ out, labels[:, idx])
@@ -80,25 +80,25 @@ def test_mtp_weights_are_the_depths_own_and_the_embedding_gets_their_gradient():
     model = GPTModel(cfg())
     names = [p.name for p in model.trainable_params()]
     own = [n for n in names if n.startswith("mtp.")]
-    assert "mtp.layers.0.eh_proj.weight" in own and "mtp.layers.0.transformer_layer.mlp.linear_fc2.weight" in own
+    assert "mtp.layers.2.eh_proj.weight" in own and "mtp.layers.2.transformer_layer.mlp.linear_fc2.weight" in own
     assert not any("embedding" in n or "output_layer" in n for n in own)      # shared, not copied
     # the depth's layer is drawn under its own name, not a copy of the last decoder layer
     P = {p.name: p.asnumpy() for p in model.get_parameters()}
-    assert not np.allclose(P["mtp.layers.0.transformer_layer.mlp.linear_fc2.weight"],
+    assert not np.allclose(P["mtp.layers.2.transformer_layer.mlp.linear_fc2.weight"],
                            P["decoder.layers.1.mlp.linear_fc2.weight"])
     ids = Tensor(np.random.default_rng(0).integers(0, V, (2, S)).astype(np.int32))
     params = model.trainable_params()
     grad = ms.value_and_grad(model, None, params)
     loss, grads = grad(ids, ids)
     g = dict(zip(names, grads))
-    assert float(np.abs(g["mtp.layers.0.eh_proj.weight"].asnumpy()).max()) > 0
+    assert float(np.abs(g["mtp.layers.2.eh_proj.weight"].asnumpy()).max()) > 0
     # factor 0: the same model without the MTP term; the embedding's gradient differs by the MTP part
     model.mtp.scale = 0.0
     _, grads0 = ms.value_and_grad(model, None, params)(ids, ids)
     g0 = dict(zip(names, grads0))
     diff = np.abs(g["embedding.word_embeddings.weight"].asnumpy() - g0["embedding.word_embeddings.weight"].asnumpy())
     assert diff.max() > 1e-6
-    assert float(np.abs(g0["mtp.layers.0.eh_proj.weight"].asnumpy()).max()) == 0.0
+    assert float(np.abs(g0["mtp.layers.2.eh_proj.weight"].asnumpy()).max()) == 0.0
     model.mtp.scale = 0.3
     loss_j, grads_j = ms.jit(grad)(ids, ids)                     # PyNative = jit
     assert abs(float(loss) - float(loss_j)) < 1e-6
@@ -111,7 +111,7 @@ def test_mtp_with_tied_embeddings_and_moe_layers():
             moe_first_k_dense_layers=1, mtp_num_layers=2)
     model = GPTModel(c)
     names = [p.name for p in model.trainable_params()]
-    assert "mtp.layers.1.transformer_layer.mlp.experts.w_gate" in names          # built like the last layer (MoE)
+    assert "mtp.layers.3.transformer_layer.mlp.experts.w_gate" in names          # built like the last layer (MoE)
     ids = Tensor(np.random.default_rng(1).integers(0, V, (2, S)).astype(np.int32))
     loss, grads = ms.value_and_grad(model, None, model.trainable_params())(ids, ids)
     assert np.isfinite(float(loss)) and float(model.mtp.probe.forwards.asnumpy()) == 1.0
@@ -127,3 +127,38 @@ def test_mtp_with_tied_embeddings_and_moe_layers():
 def test_bad_mtp_configs_are_named(kw, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         cfg(**kw)
+
+
+def test_mtp_names_map_to_deepseek_checkpoint_names_and_back():
+    """Every MTP weight of a MoE model with 2 depths has a Hugging Face name model.layers.{num_layers + k - 1}.*
+    (DeepSeek's: enorm, hnorm, eh_proj transposed, shared_head.norm, the layer's own weights, experts stacked);
+    our state -> Hugging Face names -> ours is exact; DeepSeek's embedding/head copies are ignored."""
+    from mindformers_core.models.llama.hf import LAYER_MAP, TOP_MAP
+    from mindformers_core.models.mtp_names import SHARED_COPIES, mtp_rules
+    from mindformers_core.models.state_dict import NameRule, StackedRule, StateDictAdapter, layer_rules
+    experts = {"mlp.experts.w_gate": ("mlp.experts.{e}.gate_proj.weight", True),
+               "mlp.experts.w_up": ("mlp.experts.{e}.up_proj.weight", True),
+               "mlp.experts.w_down": ("mlp.experts.{e}.down_proj.weight", True)}
+    moe = {"mlp.router.weight": ("mlp.gate.weight", True)}
+    adapter = StateDictAdapter(
+        [NameRule(o, h, t) for o, (h, t) in TOP_MAP.items()]
+        + layer_rules("decoder.layers.{i}.", "model.layers.{i}.", {**LAYER_MAP, **moe})
+        + [StackedRule("decoder.layers.{i}." + o, "model.layers.{i}." + h, t) for o, (h, t) in experts.items()]
+        + mtp_rules({**LAYER_MAP, **moe}, experts), ignored=SHARED_COPIES)
+    ms.set_seed(6)
+    model = GPTModel(cfg(num_moe_experts=4, moe_router_topk=2, moe_first_k_dense_layers=1, mtp_num_layers=2))
+    state = {p.name: p.asnumpy() for p in model.trainable_params()}
+    hf = adapter.to_hf(state)
+    assert hf["model.layers.2.eh_proj.weight"].shape == (H, 2 * H)
+    assert {"model.layers.2.enorm.weight", "model.layers.3.hnorm.weight", "model.layers.3.shared_head.norm.weight",
+            "model.layers.2.self_attn.q_proj.weight", "model.layers.3.mlp.experts.3.down_proj.weight",
+            "model.layers.3.mlp.gate.weight"} <= set(hf)
+    np.testing.assert_array_equal(hf["model.layers.2.eh_proj.weight"], state["mtp.layers.2.eh_proj.weight"].T)
+    back = {adapter.ours_of_hf(n) for n in hf if ".enorm." in n or ".eh_proj." in n}
+    assert back == {"mtp.layers.2.enorm.weight", "mtp.layers.3.enorm.weight", "mtp.layers.2.eh_proj.weight",
+                    "mtp.layers.3.eh_proj.weight"}
+    for name, array in state.items():       # read back through the table (a checkpoint load's path)
+        got = adapter.read(name, array.shape, [(0, n) for n in array.shape], lambda h, sl: hf[h][tuple(sl)])
+        np.testing.assert_array_equal(got, array)
+    assert adapter.ours_of_hf("model.layers.2.embed_tokens.weight") is None
+    assert adapter.ours_of_hf("model.layers.3.shared_head.head.weight") is None

@@ -130,7 +130,7 @@ class GPTModel(nn.Cell):
         mtp = self.mtp
         losses, aux = (), ()
         for k in range(mtp.depths):
-            layer = mtp.layers[k]
+            layer = mtp.layers[mtp.first + k]
             embedded = self.embedding(mtp.shifted(input_ids, layer))
             if mtp.returns_aux:
                 hidden, a = layer(hidden, embedded, position_ids, segment_ids)

@@ -7,7 +7,9 @@ embedding of the tokens shifted by k, and predicts token t+k+1 at position t::
     loss_k = masked mean of CE(head(h_k), labels[t+k]) over loss_mask[t+k], positions t+k past the end dropped
 
 The embedding and the output head are the main model's (shared, not copied); ``enorm``/``hnorm``/``eh_proj``/the
-transformer layer/``shared_head_norm`` are the depth's own. The concatenation puts the embedding first, as
+transformer layer/``shared_head_norm`` are the depth's own, named by the layer's global index as DeepSeek's
+checkpoints number them: depth k of a model of L layers is ``mtp.layers.<L + k - 1>`` (``model.layers.<L + k - 1>``
+in Hugging Face names, ``models/mtp_names.py``); ``mtp.layers`` holds empty placeholders below L. The concatenation puts the embedding first, as
 DeepSeek's released checkpoints and Megatron-core order it. ``layer_k`` is built from the model's own layer spec
 for its last layer (DeepSeek-V3's MTP layer is a MoE layer like its last one). The term added to the loss is
 ``mtp_loss_scaling_factor / depths * sum_k loss_k`` (Megatron-core's and MindFormers': the factor times the mean
@@ -58,7 +60,7 @@ def shifted_index(seq_length: int, k: int) -> np.ndarray:
 
 class MultiTokenPredictionLayer(nn.Cell):
     """Depth ``depth`` (1-based): ``(h_{k-1}, embedding of the shifted ids) -> h_k`` (b, s, h). Its weights are
-    drawn under ``mtp.layers.<depth - 1>``."""
+    drawn under its name, ``mtp.layers.<num_layers + depth - 1>``."""
 
     def __init__(self, config: TransformerConfig, depth: int, layer_spec: LayerSpecLike):
         super().__init__()
@@ -71,7 +73,7 @@ class MultiTokenPredictionLayer(nn.Cell):
         self.transformer_layer = TransformerLayer(config, config.num_layers, spec)
         self.returns_aux = self.transformer_layer.returns_aux
         self.shared_head_norm = build_norm(h, config)
-        init_weights(self, f"mtp.layers.{depth - 1}", config.init_method_std)
+        init_weights(self, f"mtp.layers.{config.num_layers + depth - 1}", config.init_method_std)
         s = config.seq_length
         self.shift_index = Tensor(shifted_index(s, depth))      # the constants of this depth's shift
         self.in_range = Tensor((np.arange(s) + depth < s).astype(np.float32)[None])   # (1, s): t + depth < s
@@ -86,16 +88,18 @@ class MultiTokenPredictionLayer(nn.Cell):
 
 class MultiTokenPrediction(nn.Cell):
     """The MTP depths and their loss, driven by the model that owns the embedding and the output head
-    (``GPTModel._mtp``): per depth k, ``shifted_ids`` -> the model's embedding -> ``layers[k]`` -> the model's head
+    (``GPTModel._mtp``): per depth k, ``shifted_ids`` -> the model's embedding -> ``layers[first + k - 1]`` -> the
+    model's head
     -> :meth:`depth_loss`; :meth:`total` scales the sum and records it for the log. The embedding and head are
     called by the model, never held here, so their parameters stay the main model's own."""
 
     def __init__(self, config: TransformerConfig, layer_spec: LayerSpecLike):
         super().__init__()
         self.depths = config.mtp_depths
-        self.layers = nn.CellList([MultiTokenPredictionLayer(config, k, layer_spec)
-                                   for k in range(1, self.depths + 1)])
-        self.returns_aux = self.layers[0].returns_aux
+        self.first = config.num_layers          # depth k is layers[first + k - 1]: its global layer index
+        self.layers = nn.CellList([nn.Cell() for _ in range(self.first)]
+                                  + [MultiTokenPredictionLayer(config, k, layer_spec) for k in range(1, self.depths + 1)])
+        self.returns_aux = self.layers[self.first].returns_aux
         self.scale = float(config.mtp_loss_scaling_factor) / self.depths
         self.token_loss = VocabParallelCrossEntropy(reduction="none")
         self.masked_mean = MaskedMean()
