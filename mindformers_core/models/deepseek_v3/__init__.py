@@ -23,6 +23,7 @@ from ..hf.config import HFConfigError, HFConfigMapping, hf_to_model_config
 from ..llama.config import LlamaConfig
 from ..llama.hf import TOP_MAP
 from ..llama.model import LlamaForCausalLM
+from ..mtp_names import SHARED_COPIES, mtp_rules
 from ..registry import register_model
 from ..state_dict import NameRule, StackedRule, StateDictAdapter, layer_rules
 
@@ -123,9 +124,10 @@ EXPERT_MAP = {
 DEEPSEEK_V3_HF = StateDictAdapter(
     [NameRule(ours, hf, t) for ours, (hf, t) in TOP_MAP.items()]
     + layer_rules("decoder.layers.{i}.", "model.layers.{i}.", LAYER_MAP)
-    + [StackedRule("decoder.layers.{i}." + ours, "model.layers.{i}." + hf, t) for ours, (hf, t) in EXPERT_MAP.items()],
+    + [StackedRule("decoder.layers.{i}." + ours, "model.layers.{i}." + hf, t) for ours, (hf, t) in EXPERT_MAP.items()]
+    + mtp_rules(LAYER_MAP, EXPERT_MAP),          # the MTP layers: model.layers.{num_hidden_layers + k - 1} (mtp_names.py)
     fallbacks={"lm_head.weight": "model.embed_tokens.weight"},
-    ignored=("model.layers.{i}.self_attn.rotary_emb.inv_freq",))
+    ignored=("model.layers.{i}.self_attn.rotary_emb.inv_freq",) + SHARED_COPIES)
 
 
 class DeepseekV3HFConfig:
