@@ -162,3 +162,34 @@ def test_mtp_names_map_to_deepseek_checkpoint_names_and_back():
         np.testing.assert_array_equal(got, array)
     assert adapter.ours_of_hf("model.layers.2.embed_tokens.weight") is None
     assert adapter.ours_of_hf("model.layers.3.shared_head.head.weight") is None
+
+
+def test_deepseek_v3_mtp_layer_saved_and_loaded_under_deepseeks_names(tmp_path):
+    """DeepseekV3ForCausalLM (the tiny transformers fixture's config) with one MTP depth: its MTP layer (MLA + MoE,
+    like its last layer) is exported as model.layers.3.* and a folder holding them loads back exactly; the
+    fixture itself (transformers drops MTP layers) is refused naming the missing model.layers.3 tensors."""
+    import os
+    from mindformers_core.models.hf.config import read_hf_config
+    from mindformers_core.models.hf.export import export_folder
+    from mindformers_core.models.hf.pretrained import from_pretrained
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf", "deepseek_v3")
+    spec, config, _ = read_hf_config(fixture)
+    ms.set_seed(7)
+    model = spec.model_class(spec.config_class.from_model_config(dict(config, seq_length=16, mtp_num_layers=1)))
+    state = {p.name: p.asnumpy() for p in model.get_parameters() if p.requires_grad or "expert_bias" in p.name}
+    out = str(tmp_path / "with_mtp")
+    import json
+    with open(os.path.join(fixture, "config.json")) as f:
+        export_folder(out, state, spec.state_dict_adapter, json.load(f))
+    names = set(spec.state_dict_adapter.to_hf(state))
+    assert {"model.layers.3.enorm.weight", "model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight",
+            "model.layers.3.self_attn.kv_a_proj_with_mqa.weight", "model.layers.3.mlp.experts.7.down_proj.weight",
+            "model.layers.3.mlp.gate.e_score_correction_bias"} <= names
+    loaded = from_pretrained(out, seq_length=16, mtp_num_layers=1)
+    for p in loaded.get_parameters():
+        if p.name in state:
+            np.testing.assert_array_equal(p.asnumpy(), state[p.name], err_msg=p.name)
+    ids = Tensor(np.random.default_rng(2).integers(0, 320, (2, 16)).astype(np.int32))
+    assert float(loaded(ids, ids)) == float(model(ids, ids))
+    with pytest.raises(Exception, match=r"model\.layers\.3\.enorm\.weight"):
+        from_pretrained(fixture, seq_length=16, mtp_num_layers=1)
