@@ -189,3 +189,20 @@ def test_peft_form_of_experts_and_dense_mlp_adapters_is_refused_by_name(tmp_path
     with pytest.raises(PeftFormatError, match=r"dense MLP linears named \['down_proj'\] has no PEFT form"):
         write_peft_adapter(str(tmp_path / "peft"), adapters, parse_lora(PET), names.__getitem__)
     assert not (tmp_path / "peft").exists()
+
+
+def test_lora_with_hsdp_level3_is_named_before_any_process_group(tmp_path, capsys):
+    """--check_config runs the preflight only (no process group, no model): the refusal is there."""
+    config = lora_yaml(str(tmp_path))
+    assert run_mindformer.main(argv(config, tmp_path / "out", "--use_parallel", True, "--parallel_config.data_parallel",
+                                    2, "--parallel.enable_parallel_optimizer", True, "--hsdp.optimizer_level", "level3",
+                                    "--check_config", "--worker_num", 2)) == 2
+    assert "LoRA with hsdp level3 (frozen base weights gathered per unit) is not supported" in capsys.readouterr().err
+
+
+def test_lora_dropout_under_tensor_parallel_is_named_before_any_process_group(tmp_path, capsys):
+    config = lora_yaml(str(tmp_path), dict(PET, lora_dropout=0.05))
+    assert run_mindformer.main(argv(config, tmp_path / "out", "--use_parallel", True, "--parallel_config.model_parallel",
+                                    2, "--check_config", "--worker_num", 2)) == 2
+    assert "lora_dropout = 0.05 with parallel_config.model_parallel = 2: each tensor-parallel rank would draw" in \
+        capsys.readouterr().err

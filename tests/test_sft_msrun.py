@@ -50,10 +50,12 @@ def run_one(argvs):
 def plan():
     """The output folders and the workers' argv (made once per process)."""
     base = tempfile.mkdtemp(prefix="sft_msrun_")
-    out = {k: os.path.join(base, k) for k in ("dp2", "one", "dp2_accumulate", "one_accumulate")}
+    out = {k: os.path.join(base, k) for k in ("dp2", "one", "dp2_accumulate", "one_accumulate", "cp2")}
     dp2 = [argv(out["dp2"], "--use_parallel", "True", "--parallel_config.data_parallel", 2),
            argv(out["dp2_accumulate"], "--use_parallel", "True", "--parallel_config.data_parallel", 2,
-                "--runner_config.gradient_accumulation_steps", 2, *SHORT)]
+                "--runner_config.gradient_accumulation_steps", 2, *SHORT),
+           argv(out["cp2"], "--use_parallel", "True", "--parallel_config.context_parallel", 2,
+                "--runner_config.batch_size", 4, *SHORT)]
     return out, dp2
 
 
@@ -68,7 +70,7 @@ def runs():
                                     "--runner_config.batch_size", 2)) == 0
     assert run_mindformer.main(argv(out["one_accumulate"], "--use_parallel", "False", "--parallel_config.data_parallel",
                                     1, "--runner_config.batch_size", 4, *SHORT)) == 0
-    assert DP2.results() == [[0, 0], [0, 0]]
+    assert DP2.results() == [[0, 0, 0], [0, 0, 0]]
     return out
 
 
@@ -112,4 +114,13 @@ def test_accumulation_on_two_workers_equals_one_process_with_the_global_batch(ru
     once: the micro-steps are weighted by their unmasked tokens counted over both ranks (TokenWeights)."""
     got, want = losses(runs["dp2_accumulate"]), losses(runs["one_accumulate"])
     assert len(want) == 2 and all(np.isfinite(want))
+    assert_close(got, want)
+
+
+def test_packed_rows_at_cp2_equal_one_process(runs):
+    """The YAML's packed rows (documents packed two to a row, boundaries anywhere) with the sequence split over
+    context_parallel 2 (ring, load-balanced storage order): the position and segment ids reach the cp kernel as
+    the whole-sequence mask, and each step's loss is the one process's with the same 4 rows."""
+    got, want = losses(runs["cp2"]), losses(runs["one_accumulate"])
+    assert len(want) == 2
     assert_close(got, want)

@@ -417,12 +417,18 @@ class ContextParallelAttention(CommCell):
 
     ``ulysses_group`` of size ``u > 1``: all-to-all to head-split full-group sequences first
     (``n / u`` heads; key/value heads are repeated to ``n`` first when ``g`` is not divisible by
-    ``u``); ``ring_group`` of size ``r``: ring attention across. ``u * r`` = the cp size."""
+    ``u``); ``ring_group`` of size ``r``: ring attention across. ``u * r`` = the cp size.
+
+    ``masked``: the call brings an additive mask (b, 1, S, S) of the whole sequence in storage order
+    (``AttentionMask`` of packed documents' position and segment ids): after the Ulysses exchange, k and v of
+    the ring are all-gathered over the ring group (one exchange instead of the ring's r - 1 steps: the causal
+    block skipping of the ring does not hold when any key may be masked) and each local query row attends to
+    the whole sequence under its rows of the mask, so a document boundary may fall inside a cp chunk."""
 
     mfc_replaces_inner = True
 
     def __init__(self, inner: nn.Cell, ring_group: ProcessGroup, ulysses_group: ProcessGroup,
-                 shape_q, shape_kv, scale: float, load_balance: bool = True):
+                 shape_q, shape_kv, scale: float, load_balance: bool = True, masked: bool = False):
         super().__init__()
         self.inner = inner   # the replaced single-card Cell (no parameters; kept for the model tree)
         b, n, s, d = shape_q
@@ -447,12 +453,40 @@ class ContextParallelAttention(CommCell):
             self.a2a_k = _UlyssesExchange(ulysses_group, 1, 2)
             self.a2a_v = _UlyssesExchange(ulysses_group, 1, 2)
             self.a2a_out = _UlyssesExchange(ulysses_group, 2, 1)
-        self.core = RingAttentionCore(ring_group, (b, n // self.u, s * self.u, d), (b, g // self.u, s * self.u, d),
-                                      scale, load_balance)
+        self.masked = masked
+        if masked:
+            self.scale = scale
+            self.ring = ring_group.size
+            self.kv_repeat = (n // self.u) // (g // self.u)
+            rows = np.zeros((self.ring,), np.float32)
+            rows[ring_group.local_rank] = 1.0
+            self.ring_rows = K._flag_parameter(rows)     # which rows of the mask this rank's queries are (data)
+            from ..distributed.comm.capabilities import force_emulation
+            with force_emulation():                      # differentiable in both modes (AllReduce bprop)
+                self.gather_k = K.AllGatherKernel(ring_group, 0)
+                self.gather_v = K.AllGatherKernel(ring_group, 0)
+        else:
+            self.core = RingAttentionCore(ring_group, (b, n // self.u, s * self.u, d),
+                                          (b, g // self.u, s * self.u, d), scale, load_balance)
         self.compute_dtype = getattr(inner, "compute_dtype", ms.float32)
         self.low_precision = self.compute_dtype != ms.float32
 
-    def construct(self, q, k, v):
+    def masked_core(self, q, k, v, mask):
+        """q (b, n, S_u, d) of this rank's Ulysses group's chunks, k/v likewise: k and v gathered over the ring
+        (storage order), this rank's rows of the whole-sequence mask, plain softmax attention."""
+        if self.ring > 1:
+            k = ops.transpose(self.gather_k(ops.transpose(k, (2, 0, 1, 3))), (1, 2, 0, 3))
+            v = ops.transpose(self.gather_v(ops.transpose(v, (2, 0, 1, 3))), (1, 2, 0, 3))
+            rows = q.shape[2]
+            mask = mask.reshape(mask.shape[0], 1, self.ring, rows, mask.shape[-1])
+            mask = (mask * self.ring_rows.reshape(1, 1, self.ring, 1, 1)).sum(2)
+        if self.kv_repeat > 1:
+            k = ops.repeat_interleave(k, self.kv_repeat, 1)
+            v = ops.repeat_interleave(v, self.kv_repeat, 1)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.scale + mask
+        return ops.matmul(ops.softmax(scores, axis=-1), v)
+
+    def construct(self, q, k, v, mask=None):
         b, s = q.shape[0], q.shape[2]
         dv = v.shape[-1]
         if self.low_precision:
@@ -465,7 +499,10 @@ class ContextParallelAttention(CommCell):
             v = ops.repeat_interleave(v, self.pre_repeat, 1)
         if self.u > 1:
             q, k, v = self.a2a_q(q, self.slots), self.a2a_k(k, self.slots), self.a2a_v(v, self.slots)
-        o = self.core(q, k, v)[..., :dv]
+        if self.masked:
+            o = self.masked_core(q, k, v, ops.cast(mask, ms.float32))[..., :dv]
+        else:
+            o = self.core(q, k, v)[..., :dv]
         if self.u > 1:
             o = self.a2a_out(o, self.slots)
         if self.low_precision:

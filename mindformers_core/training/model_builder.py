@@ -157,6 +157,11 @@ def lora_settings(cfg: Config, shape: JobShape):
         raise ConfigError([f"{source} with parallel.enable_parallel_optimizer and hsdp.optimizer_level = level3: LoRA "
                            "with hsdp level3 (frozen base weights gathered per unit) is not supported; use level1 "
                            "or level2 (the optimizer state is the adapters' only, it is small)"])
+    if settings.dropout > 0 and shape.tp > 1:
+        raise ConfigError([f"{source}.lora_dropout = {settings.dropout} with parallel_config.model_parallel = "
+                           f"{shape.tp}: each tensor-parallel rank would draw its own dropout mask for the same "
+                           "replicated input of a column-parallel linear (its output columns then see different "
+                           "masks, unlike one process); set lora_dropout: 0 under tensor parallelism"])
     return settings
 
 

@@ -136,6 +136,7 @@ def preflight(cfg: Config, shape: JobShape, worker_num: int, output_dir: str) ->
     """Everything the trainer can check before distributed init; raises one ConfigError."""
     checks = _Checks(cfg, shape, output_dir)
     checks.shape_errors(worker_num)
+    checks.lora_errors()
     if checks.errors:
         raise ConfigError(checks.errors)
     return checks.files_and_features()
@@ -146,6 +147,17 @@ class _Checks:
         self.cfg, self.shape, self.output_dir = cfg, shape, output_dir
         self.errors: List[str] = []
         self.found = Preflight()
+
+    def lora_errors(self) -> None:
+        """LoRA settings (``pet_config`` / ``lora_config``) and the layouts they do not combine with (hsdp level3),
+        named before any process group exists."""
+        if dict(self.cfg.model.model_config).get("pet_config") is None:
+            return
+        from .model_builder import lora_settings
+        try:
+            lora_settings(self.cfg, self.shape)
+        except ConfigError as e:
+            self.errors.extend(e.errors)
 
     def context_parallel_errors(self) -> None:
         """What context parallelism does not combine with yet (the sizes themselves are schema rules)."""
@@ -404,10 +416,6 @@ class _Checks:
             self.errors.append(f"train_dataset.data_loader.type = 'HFDataLoader' feeds {extra} with parallel_config.pipeline_stage = "
                                f"{shape.pp}: the pipeline runtime passes only input_ids and labels between stages; "
                                "fine-tune with pipeline_stage 1")
-        if shape.cp > 1 and any(k in keys for k in ("position_ids", "segment_ids")):
-            self.errors.append(f"train_dataset.data_loader.type = 'HFDataLoader' feeds position_ids/segment_ids with context_parallel = "
-                               f"{shape.cp}: explicit positions and packed-document masks need the whole sequence "
-                               "on one rank; use context_parallel 1")
         path, files = ds.get("path"), ds.get("data_files")
         if path in BUILDERS.values() and files:
             files = [files] if isinstance(files, str) else list(files)

@@ -10,8 +10,10 @@ optionally an additive mask ``(b, 1, s, s)``; output ``(b, s, n * dv)`` (heads m
   only; it must be split the same way in q, k and v. Split, the op runs the context-parallel
   kernel (``LocalKernel("context_parallel_attention")``: ring / Ulysses / hybrid, see
   ``sharding/context_parallel.py``); any other axis on the sequence is gathered first.
-* A mask input keeps its batch split like q's; its sequence dims stay whole, so an explicit mask
-  (packed documents, ``position_ids``) cannot be combined with a context-parallel sequence split.
+* A mask input keeps its batch split like q's; its sequence dims stay whole. With the sequence split
+  over cp the kernel takes the whole mask (storage order: the position / segment ids it is built from are
+  gathered in that order) and attends each local query to the keys of the whole sequence under it
+  (packed documents: a boundary may fall inside a cp chunk).
 * Partial inputs are reduced (nonlinear).
 
 ``attention_mask`` (``AttentionMask``: position ids and optional segment ids ``(b, s)`` -> the
@@ -65,9 +67,6 @@ def scaled_dot_product_attention(layouts, shapes, *, causal=True, seq_axis="cp",
         cp *= mesh.axis_size(a)
     ins = (req, req, req)
     if len(layouts) == 4:
-        if cp > 1:
-            raise RuleError(f"an explicit attention mask (position_ids / segment_ids) needs the whole sequence; "
-                            f"it is split {cp} ways over {list(s_axes)} (context parallelism)")
         mask_batch = b_axes if shapes[3][0] == qs[0] else ()
         ins = ins + (make_layout(mesh, (mask_batch, (), (), ())),)
     if cp > 1:
@@ -77,7 +76,7 @@ def scaled_dot_product_attention(layouts, shapes, *, causal=True, seq_axis="cp",
         kernel = LocalKernel("context_parallel_attention", {
             "seq_axes": s_axes, "algorithm": algorithm, "ulysses_degree": ulysses_degree,
             "load_balance": load_balance, "local_q": req.local_shape(qs[:3] + (width,)),
-            "local_kv": req.local_shape(ks[:3] + (width,))})
+            "local_kv": req.local_shape(ks[:3] + (width,)), "masked": len(layouts) == 4})
     return RuleResult((out,), ins, kernel)
 
 
@@ -107,4 +106,5 @@ def context_parallel_attention_kernel(site: KernelSite):
         raise KernelError("the attention Cell needs a `scale` attribute (1/sqrt(head_dim))")
     if getattr(site.cell, "use_dropout", False):
         raise KernelError("attention_dropout > 0 is not supported with context parallelism")
-    return ContextParallelAttention(site.cell, ring, ulysses, a["local_q"], a["local_kv"], scale, a["load_balance"])
+    return ContextParallelAttention(site.cell, ring, ulysses, a["local_q"], a["local_kv"], scale, a["load_balance"],
+                                    masked=a.get("masked", False))

@@ -1,0 +1,149 @@
+"""Packed documents under context parallelism: one packed row holding documents A and B (the boundary inside a
+cp chunk) gives the loss and gradients of A and B as two padded rows on one process, at cp2 with the ring
+(load-balanced storage order; PyNative and jit) and with Ulysses (PyNative). The position and segment ids reach
+the context-parallel kernel as the whole-sequence mask (``ContextParallelAttention(masked=True)``: k/v gathered
+over the ring, each local query under its rows of the mask).
+
+The bodies run in the suite's batched 2-worker launch (tests/msrun_batch.py); the one-process reference runs
+here."""
+import numpy as np
+import pytest
+
+from tests.msrun_batch import job
+
+pytestmark = pytest.mark.msrun
+SEQ, VOCAB = 32, 128
+A_LEN = 13          # documents A (13 tokens) and B (19): with cp2's load-balanced chunks of 8 the boundary is
+                    # inside storage chunk 1 (tokens 8..15), held by rank 1 next to chunk 2 (tokens 16..23)
+MODES = ("pynative", "jit")
+# Ulysses in PyNative only: after its exchange it runs the ring's masked path with a ring of one (the jit path of
+# that code is the ring's), which keeps the batched launch short
+CONFIGS = {"ring_cp2": {"algo": "colossal", "modes": MODES}, "ulysses_cp2": {"algo": "ulysses", "modes": ("pynative",)}}
+CASES = [(name, mode) for name, kw in CONFIGS.items() for mode in kw["modes"]]
+
+
+def make_config(cp=1, algo="colossal"):
+    from mindformers_core.transformer import TransformerConfig
+    return TransformerConfig(num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
+                             num_query_groups=2, vocab_size=VOCAB, seq_length=SEQ, context_parallel_size=cp,
+                             context_parallel_algo=algo)
+
+
+def documents():
+    """Documents A and B, each (ids, labels, loss mask): the first 3 tokens of each are a prompt (out of the
+    loss)."""
+    rng = np.random.RandomState(3)
+    out = []
+    for n in (A_LEN, SEQ - A_LEN):
+        tokens = rng.randint(3, VOCAB, n + 1).astype(np.int32)
+        mask = np.ones(n, np.float32)
+        mask[:3] = 0
+        out.append((tokens[:-1], tokens[1:], mask))
+    return out
+
+
+def packed_batch():
+    docs = documents()
+    return {"input_ids": np.concatenate([d[0] for d in docs])[None],
+            "labels": np.concatenate([d[1] for d in docs])[None],
+            "loss_mask": np.concatenate([d[2] for d in docs])[None],
+            "position_ids": np.concatenate([np.arange(len(d[0])) for d in docs]).astype(np.int32)[None],
+            "segment_ids": np.concatenate([np.full(len(d[0]), i) for i, d in enumerate(docs)]).astype(np.int32)[None]}
+
+
+def padded_batch():
+    rows = {k: [] for k in ("input_ids", "labels", "loss_mask")}
+    for ids, labels, mask in documents():
+        pad = SEQ - len(ids)
+        rows["input_ids"].append(np.pad(ids, (0, pad)))
+        rows["labels"].append(np.pad(labels, (0, pad)))
+        rows["loss_mask"].append(np.pad(mask, (0, pad)))
+    return {k: np.stack(v) for k, v in rows.items()}
+
+
+def _step(model, mode, reducer=None):
+    import mindspore as ms
+    params = model.trainable_params()
+    grad_fn = ms.value_and_grad(model, None, params)
+
+    def step(*batch):
+        loss, grads = grad_fn(*batch)
+        return loss, (reducer(grads) if reducer is not None else grads)
+    return (ms.jit(step) if mode == "jit" else step), params
+
+
+def reference(mode):
+    """One process: A and B as two padded rows."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindformers_core.common.batch import model_args
+    from mindformers_core.transformer import GPTModel
+    ms.set_seed(0)
+    model = GPTModel(make_config())
+    step, params = _step(model, mode)
+    loss, grads = step(*model_args(padded_batch(), Tensor))
+    return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(params, grads)}
+
+
+def run_cp(configs):
+    """msrun body: the packed row at cp2, this rank's storage-order slice of every batch key; loss and the
+    reduced gradients (whole: no tensor parallelism) per configuration and mode."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindformers_core.common.batch import model_args
+    from mindformers_core.common.sequence_placement import to_storage_order
+    from mindformers_core.distributed import get_env
+    from mindformers_core.sharding.annotations import sharding_plan_of
+    from mindformers_core.sharding.parallelizer import GradientReducer, parallelize
+    from mindformers_core.transformer import GPTModel
+    rank = get_env().rank
+    batch = packed_batch()
+    out = {}
+    for name, kw in configs.items():
+        for mode in kw["modes"]:
+            ms.set_seed(0)
+            config = make_config(cp=2, algo=kw["algo"])
+            model = GPTModel(config)
+            parallelize(model, config, *model_args(batch))
+            layout = sharding_plan_of(model).input_layouts[0]
+            pos = config.token_positions()
+            local = {k: to_storage_order(v, pos)[layout.local_slice(v.shape, rank)] for k, v in batch.items()}
+            step, params = _step(model, mode, GradientReducer(model.trainable_params()))
+            loss, grads = step(*model_args(local, Tensor))
+            out[f"{name}/{mode}"] = {"loss": float(loss.asnumpy()),
+                                     "grads": {p.name: g.asnumpy() for p, g in zip(params, grads)}}
+    return out
+
+
+CP2 = job("packing_cp2", 2, "tests.test_packing_msrun:run_cp", {"configs": CONFIGS}, timeout=600, group=__name__)
+
+
+@pytest.fixture(scope="module")
+def results():
+    refs = {mode: reference(mode) for mode in MODES}
+    return refs, CP2.results()
+
+
+@pytest.mark.parametrize("name, mode", CASES)
+def test_packed_row_at_cp2_equals_the_documents_as_padded_rows(results, name, mode):
+    refs, ranks = results
+    want_loss, want = refs[mode]
+    for got in (r[f"{name}/{mode}"] for r in ranks):
+        assert got["loss"] == pytest.approx(want_loss, rel=1e-5)
+        assert sorted(got["grads"]) == sorted(want)
+        worst = max(float(np.abs(got["grads"][k] - want[k]).max() / (np.abs(want[k]).max() + 1e-12)) for k in want)
+        assert worst < 1e-5, worst
+
+
+def test_the_boundary_is_inside_a_cp_chunk_and_the_documents_differ_from_one():
+    """The proof's premise: B starts inside a storage chunk of 8 tokens, and without its segment ids the packed
+    row is another loss (the mask is what keeps A and B apart)."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindformers_core.common.batch import model_args
+    from mindformers_core.transformer import GPTModel
+    assert A_LEN % (SEQ // 4) != 0
+    ms.set_seed(0)
+    model = GPTModel(make_config())
+    leaky = {k: v for k, v in packed_batch().items() if k != "segment_ids"}
+    assert abs(float(model(*model_args(leaky, Tensor)).asnumpy()) - reference("pynative")[0]) > 1e-4
