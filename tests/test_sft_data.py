@@ -393,3 +393,19 @@ def test_accumulation_weights_micro_steps_by_their_unmasked_tokens(tok, records,
     assert worst < 1e-5, worst
     plain = plain_step_fn(grad_fn, _sum(2), 2, mode == "jit", model=m)
     assert abs(float(plain(*args)[0].asnumpy()) - float(loss_w.asnumpy())) > 1e-4
+
+
+def test_pynative_dialect_spells_hfdataloader_as_the_graph_dialect():
+    """MindFormers' PyNative YAMLs write the loader under train_dataset.dataloader: the same HFDataLoader keys
+    (path, load_func, split, handler, create_attention_mask, ...) and input_columns give the same train_dataset."""
+    import yaml
+    from mindformers_core.training.dialects import translate
+    with open(YAML) as f:
+        ds = yaml.safe_load(f)["train_dataset"]
+    graph, _, errors_g = translate({"train_dataset": ds}, 1, "graph")
+    pynative = {"training": {"steps": 1},
+                "train_dataset": {"dataloader": ds["data_loader"], "input_columns": ds["input_columns"]}}
+    out, _, errors_p = translate(pynative, 1, "pynative")
+    assert not errors_p, errors_p
+    want = {k: v for k, v in graph["train_dataset"].items() if k in out["train_dataset"]}
+    assert out["train_dataset"] == want and {"handler", "input_columns", "path"} <= set(want)

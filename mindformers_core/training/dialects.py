@@ -731,8 +731,8 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
             if value is not None:
                 t.errors.append(f"training.rampup_batch_size = {value!r}: batch-size ramp-up is not implemented; "
                                 "set it to null")
-        elif path == "train_dataset.dataloader.column_names":
-            t.columns(path, value)
+        elif path in ("train_dataset.dataloader.column_names", "train_dataset.input_columns"):
+            t.columns(path, value)                                 # input_columns: HFDataLoader's batch keys
         elif path == "recompute.mode":
             mode = str(value).lower()
             if mode in ("none", "full", "select"):

@@ -253,6 +253,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
     "train_dataset.dataloader.dataset_files": "train_dataset.dataset_dir",
     "train_dataset.dataloader.shuffle": "train_dataset.shuffle",
     "train_dataset.dataloader.config.data_path": "train_dataset.data_path",
+    **{f"train_dataset.dataloader.{k}": f"train_dataset.{k}" for k in HF_LOADER_KEYS},   # HFDataLoader's keys
     "train_dataset.tokenizer_file": "train_dataset.tokenizer_file",
     "train_dataset.drop_remainder": "train_dataset.drop_remainder",
     "train_dataset.num_parallel_workers": "train_dataset.num_parallel_workers",
@@ -276,7 +277,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
 PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", "checkpoint.enable_save",
                     "checkpoint.save_interleaved_steps", "checkpoint.save_max", "checkpoint.prefix",
                     "checkpoint.async_save",
-                    "train_dataset.dataloader.column_names", "recompute.mode",
+                    "train_dataset.dataloader.column_names", "train_dataset.input_columns", "recompute.mode",
                     "lora_config", "lora_config.*", "callbacks", "callbacks.*", "eval_dataset", "eval_dataset.*",
                     "model", "model.*")
 
