@@ -11,6 +11,8 @@ import yaml
 
 import run_mindformer
 from mindformers_core.data.tokenizer import build_tokenizer
+from mindformers_core.training.config import load_config
+from mindformers_core.training.predict import generation_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "tests", "data", "hf", "qwen2")
@@ -64,8 +66,8 @@ def test_one_prompt_streams_and_chat_messages_use_the_template(setup, capsys):
     chat = setup["tmp"] / "chat.jsonl"
     chat.write_text(json.dumps({"messages": [{"role": "user", "content": "Return the"}]}) + "\n"
                     + json.dumps({"prompt": setup["prompts"][1]}) + "\n")
-    out = setup["tmp"] / "chat"
-    assert predict(setup, out, "--predict_data", str(chat), "--max_new_tokens", 4) == 0
+    out = setup["tmp"] / "chat"      # the limit from the YAML's generation key (MindFormers' model_config)
+    assert predict(setup, out, "--predict_data", str(chat), "--model.model_config.max_new_tokens", 4) == 0
     rows = [json.loads(line) for line in open(out / "predict_results.jsonl")]
     rendered = "<s><|user|>\nReturn the</s>\n<|assistant|>\n"
     assert rows[0]["token_ids"][:-len(rows[0]["new_token_ids"])] == setup["tok"].encode(rendered, add_bos=False)
@@ -93,3 +95,33 @@ def test_bad_input_is_named_before_generation(setup, extra, words, capsys):
     for w in (words,) if isinstance(words, str) else words:
         assert w in err, err
     assert not (out / "predict_results.jsonl").exists()
+
+
+def test_yaml_generation_keys_override_the_folder_and_the_flags_override_them(setup, tmp_path):
+    """MindFormers' model_config generation keys are read (no longer dropped as not applied): over the folder's
+    generation_config.json, under the flags; a limit given later replaces an earlier one; use_past is accepted."""
+    with open(setup["config"]) as f:
+        raw = yaml.safe_load(f)
+    raw["model"]["model_config"].update(do_sample=True, top_k=5, top_p=0.9, temperature=0.7, repetition_penalty=1.1,
+                                        max_decode_length=40, min_new_tokens=2, eos_token_id=[2, 7], use_past=True)
+    raw["pretrained_model_dir"] = FOLDER
+    path = tmp_path / "mf.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(str(path))
+    assert "model.model_config.use_past" in "\n".join(cfg.report.summary("mf.yaml"))
+    folder = {"max_new_tokens": 10, "temperature": 0.3, "top_p": 0.5, "eos_token_id": 2, "pad_token_id": 0}
+    got = generation_config(setup["tok"], folder, dict(cfg.model.model_config), {"top_k": 9})
+    assert (got.do_sample, got.top_k, got.top_p, got.temperature, got.repetition_penalty) == (True, 9, 0.9, 0.7, 1.1)
+    assert (got.max_new_tokens, got.max_length, got.min_new_tokens) == (None, 40, 2)
+    assert (got.eos_token_id, got.pad_token_id) == ([2, 7], 0)
+    with_flag = generation_config(setup["tok"], folder, dict(cfg.model.model_config), {"max_new_tokens": 3})
+    assert (with_flag.max_new_tokens, with_flag.max_length) == (3, None)
+
+
+def test_a_bad_yaml_generation_value_is_named_by_its_key(setup, capsys):
+    code = predict(setup, setup["tmp"] / "bad_yaml", "--model.model_config.top_p", 1.5,
+                   "--model.model_config.temperature", 0)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "model.model_config.top_p = 1.5: must be in (0, 1]" in err, err
+    assert "model.model_config.temperature = 0: must be > 0" in err, err

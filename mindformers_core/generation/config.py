@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 # MindFormers' model_config spellings -> ours
 ALIASES = {"max_decode_length": "max_length"}
+LIMITS = ("max_new_tokens", "max_length")
 
 
 @dataclass
@@ -43,39 +44,26 @@ class GenerationConfig:
     @classmethod
     def from_dict(cls, *sources: Optional[Mapping[str, Any]]) -> "GenerationConfig":
         """Later sources override earlier ones (generation_config.json, then YAML, then flags); keys that are
-        not generation keys are ignored, None values do not override."""
+        not generation keys are ignored, None values do not override. A source that sets a length limit
+        (``max_new_tokens`` or ``max_length``) replaces the earlier sources' limits (max_new_tokens would
+        otherwise win over a later max_length)."""
         names = {f.name for f in dataclasses.fields(cls)}
         values: Dict[str, Any] = {}
         for source in sources:
-            for key, value in (source or {}).items():
-                key = ALIASES.get(key, key)
-                if key in names and value is not None:
-                    values[key] = value
+            given = {ALIASES.get(k, k): v for k, v in (source or {}).items() if v is not None}
+            if any(k in given for k in LIMITS):
+                for k in LIMITS:
+                    values.pop(k, None)
+            values.update({k: v for k, v in given.items() if k in names})
         return cls(**values)
 
     def replace(self, **changes) -> "GenerationConfig":
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def validate(self) -> None:
-        bad = []
-        if not 0.0 < float(self.top_p) <= 1.0:
-            bad.append(f"top_p={self.top_p!r}: must be in (0, 1] (1.0 keeps every token)")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            bad.append(f"top_k={self.top_k!r}: must be an integer >= 0 (0 keeps every token)")
-        if not float(self.temperature) > 0.0:
-            bad.append(f"temperature={self.temperature!r}: must be > 0 (use do_sample=False for greedy)")
-        if not float(self.repetition_penalty) > 0.0:
-            bad.append(f"repetition_penalty={self.repetition_penalty!r}: must be > 0 (1.0 = no penalty)")
-        for key in ("max_new_tokens", "max_length"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                bad.append(f"{key}={value!r}: must be a positive integer")
-        if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
-            bad.append(f"min_new_tokens={self.min_new_tokens!r}: must be an integer >= 0")
-        if not isinstance(self.do_sample, bool):
-            bad.append(f"do_sample={self.do_sample!r}: must be true or false")
+        bad = value_problems(self)
         if bad:
-            raise ValueError("generation config: " + "; ".join(bad))
+            raise ValueError("generation config: " + "; ".join(f"{k}={v!r}: {rule}" for k, v, rule in bad))
 
     def new_tokens_for(self, prompt_length: int) -> int:
         """How many tokens to generate after a (padded) prompt of ``prompt_length`` tokens."""
@@ -95,3 +83,37 @@ def as_id_list(value: Union[None, int, Sequence[int]]) -> List[int]:
     if isinstance(value, int):
         return [value]
     return [int(v) for v in value]
+
+
+def value_problems(config) -> List[Tuple[str, Any, str]]:
+    """``(key, value, what is valid)`` for each bad value of ``config`` (a GenerationConfig or any object with
+    its attributes): what ``validate`` raises, and what the YAML check names by its own keys."""
+    bad = []
+    if not _number(config.top_p) or not 0.0 < float(config.top_p) <= 1.0:
+        bad.append(("top_p", config.top_p, "must be in (0, 1] (1.0 keeps every token)"))
+    if isinstance(config.top_k, bool) or not isinstance(config.top_k, int) or config.top_k < 0:
+        bad.append(("top_k", config.top_k, "must be an integer >= 0 (0 keeps every token)"))
+    if not _number(config.temperature) or not float(config.temperature) > 0.0:
+        bad.append(("temperature", config.temperature, "must be > 0 (use do_sample=False for greedy)"))
+    if not _number(config.repetition_penalty) or not float(config.repetition_penalty) > 0.0:
+        bad.append(("repetition_penalty", config.repetition_penalty, "must be > 0 (1.0 = no penalty)"))
+    for key in LIMITS:
+        value = getattr(config, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            bad.append((key, value, "must be a positive integer"))
+    value = config.min_new_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        bad.append(("min_new_tokens", value, "must be an integer >= 0"))
+    if not isinstance(config.do_sample, bool):
+        bad.append(("do_sample", config.do_sample, "must be true or false"))
+    return bad
+
+
+def defaults() -> Dict[str, Any]:
+    """The default value of every generation key."""
+    return {f.name: (f.default_factory() if f.default is dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(GenerationConfig)}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -25,6 +25,7 @@ ASCEND = "Ascend/graph-mode context"
 GRAPH_PARALLEL = "graph-mode parallel context and strategy files"
 PROFILER = "profiling"
 INFERENCE = "inference, generation and tokenizer ids"
+KV_CACHE = "run_mode predict always decodes with a static KV cache (use_past; the same tokens either way)"
 KERNELS = "fused kernels, weight layout and per-op precision"
 WRAPPER = "loss scaling and the training wrapper"
 LOADER = "dataset loader tuning"
@@ -74,7 +75,6 @@ MODEL_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "scaling_factor": ((1, 1.0, None), "RoPE scaling is not implemented; set it to 1.0"),
     "pre_seq_len": (("None", None, 0), "prefix tuning is not implemented; set it to None"),
     "quantization_bit": ((0, None), "quantized training is not implemented; set it to 0"),
-    "use_past": ((False, None), "incremental inference (use_past) is not implemented; set it to False"),
 }
 # YaRN in MindFormers' flat spelling (PyNative / mcore: position_embedding_type 'yarn' and these keys) -> the keys of
 # model.model_config.rope_scaling (config.json's); original_max_position_embeddings defaults to 4096 as in mcore's
@@ -91,10 +91,11 @@ PRE_SOFTMAX = "moe_router_pre_softmax"
 AUTO_REGISTER = "auto_register"
 
 MODEL_NOT_APPLIED: Dict[str, str] = dict(
-    **{k: INFERENCE for k in ("batch_size", "use_past_shard", "top_k", "top_p", "do_sample", "repetition_penalty",
-                              "max_decode_length", "checkpoint_name_or_path", "bos_token_id", "eos_token_id",
-                              "pad_token_id", "ignore_token_id", "use_cache", "is_dynamic", "block_size",
-                              "num_blocks", "use_pad_tokens")},
+    **{k: INFERENCE for k in ("batch_size", "use_past_shard", "checkpoint_name_or_path", "bos_token_id",
+                              "ignore_token_id", "use_cache", "is_dynamic", "block_size", "num_blocks",
+                              "use_pad_tokens")},
+    # the generation keys (do_sample, top_k, top_p, ...) are schema keys of model.model_config (run_mode predict)
+    **{"use_past": KV_CACHE},
     **{k: KERNELS for k in ("layernorm_compute_type", "layernorm_compute_dtype", "softmax_compute_type",
                             "softmax_compute_dtype", "rotary_dtype", "fp32_residual_connection",
                             "attention_softmax_in_fp32", "qkv_concat", "mlp_concat", "use_attn_mask_compression",

@@ -5,10 +5,12 @@ each rank its heads, MLP and vocabulary slices and its KV-cache slice; rank 0 pr
 Prompts: ``--predict_data`` strings, or one file: ``.jsonl`` (one JSON object a line: ``{"prompt": text}``,
 ``{"text": text}`` or ``{"messages": [{role, content}, ...]}`` rendered with the model folder's chat
 template), any other file one prompt per line. ``--predict_batch_size`` prompts of different lengths run as
-one left-padded batch. What to generate: the model folder's ``generation_config.json``, then the flags
-(``--max_new_tokens``, ``--do_sample``, ``--temperature``, ``--top_k``, ``--top_p``, ``--repetition_penalty``,
-``--min_new_tokens``, ``--max_length``); the seed is the config's ``seed``. (MindFormers' ``model.model_config``
-generation keys are still listed as not applied by the YAML reader, which drops them: not read yet.)
+one left-padded batch. What to generate: the model folder's ``generation_config.json``, overridden by the
+YAML's ``model.model_config`` generation keys (MindFormers': ``do_sample``, ``top_k``, ``top_p``, ``temperature``,
+``repetition_penalty``, ``max_decode_length``, ``max_new_tokens``, ``min_new_tokens``, ``eos_token_id``,
+``pad_token_id``), overridden by the flags (``--max_new_tokens``, ``--do_sample``, ``--temperature``, ``--top_k``,
+``--top_p``, ``--repetition_penalty``, ``--min_new_tokens``, ``--max_length``); a source that sets a length limit
+replaces the earlier ones'; the seed is the config's ``seed``.
 Output: the text streamed to the console for one-prompt batches (each text printed when its batch ends
 otherwise), ``predict_results.jsonl`` in the output directory (prompt, text, token ids, new ids, finish
 reason), and prefill / decode tokens per second.
@@ -18,12 +20,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..generation import GenerationConfig, Generator
+from ..generation.config import ALIASES, defaults, value_problems
 
+# MindFormers' generation keys of model.model_config (schema keys; the model ignores them)
 YAML_KEYS = ("do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "max_decode_length",
-             "max_new_tokens", "min_new_tokens", "max_length", "eos_token_id", "pad_token_id")
+             "max_new_tokens", "min_new_tokens", "eos_token_id", "pad_token_id")
 RESULTS = "predict_results.jsonl"
 
 
@@ -101,6 +106,15 @@ def parallel_problems(data_parallel: int, pipeline_stage: int, expert_parallel: 
     return [f"parallel_config.{key} = {size} with run_mode = 'predict': {reason}; set {key}: 1 (predict runs on one "
             "process or tensor parallel: model_parallel = the worker count)"
             for key, (size, reason) in why.items() if (size or 1) > 1]
+
+
+def yaml_problems(model_config: Dict[str, Any]) -> List[str]:
+    """The bad generation values of a YAML's ``model.model_config``, named by its keys (a config rule)."""
+    given = {k: model_config.get(k) for k in YAML_KEYS if model_config.get(k) is not None}
+    values = dict(defaults(), **{ALIASES.get(k, k): v for k, v in given.items()})
+    yaml_name = {ALIASES.get(k, k): k for k in given}
+    return [f"model.model_config.{yaml_name[key]} = {value!r}: {rule}"
+            for key, value, rule in value_problems(SimpleNamespace(**values)) if key in yaml_name]
 
 
 def check_batch_size(batch_size: int, dp: int) -> None:

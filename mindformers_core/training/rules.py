@@ -44,8 +44,10 @@ def check_rules(cfg: Dict[str, Any], worker_num: int, bad: Set[str]) -> List[str
                                              "pp": _get(cfg, pc + "pipeline_stage")})
         if problem:
             errors.append(f"parallel_config.rank_order = {order!r}: {problem}")
+    from .predict import parallel_problems, yaml_problems
+    if ok("model"):
+        errors += [e for e in yaml_problems(_get(cfg, "model.model_config")) if ok(e.split(" = ")[0])]
     if ok("run_mode", pc + "data_parallel", pc + "pipeline_stage") and cfg["run_mode"] == "predict":
-        from .predict import parallel_problems
         errors += parallel_problems(_get(cfg, pc + "data_parallel"), _get(cfg, pc + "pipeline_stage"),
                                     cfg["parallel_config"].get("expert_parallel") or 1)
     if ok("use_parallel") and worker_num > 1 and not cfg["use_parallel"]:

@@ -222,6 +222,23 @@ SCHEMA = Section({
                                                   "null or 0 = none.", min=0),
             "mtp_loss_scaling_factor": F("float", 0.1, "The MTP term added to the loss is this x the mean of the "
                                                        "depths' losses (MindFormers' mtp_loss_factor).", min=0),
+            # generation (run_mode predict; docs/generation.md): MindFormers' model_config keys, over the model
+            # folder's generation_config.json, under the command line's flags; null = not set here
+            "do_sample": F("bool|null", None, "predict: sample (true) or greedy (false)."),
+            "top_k": F("int|null", None, "predict with do_sample: keep the k likeliest tokens (0 = all).", min=0),
+            "top_p": F("float|null", None, "predict with do_sample: keep the likeliest tokens up to this "
+                                           "probability mass, in (0, 1]."),
+            "temperature": F("float|null", None, "predict with do_sample: divide the logits by it (> 0)."),
+            "repetition_penalty": F("float|null", None, "predict: Hugging Face's repetition penalty (> 0; 1.0 = "
+                                                        "none)."),
+            "max_decode_length": F("int|null", None, "predict: prompt + new tokens at most (Hugging Face's "
+                                                     "max_length); max_new_tokens wins when both are set.", min=1),
+            "max_new_tokens": F("int|null", None, "predict: new tokens at most.", min=1),
+            "min_new_tokens": F("int|null", None, "predict: no EOS before this many new tokens.", min=0),
+            "eos_token_id": F("int|list[int]|null", None, "predict: the token id(s) that end a row; null = the "
+                                                          "folder's generation_config.json, else the tokenizer's."),
+            "pad_token_id": F("int|null", None, "predict: the id fed to finished rows and left padding; null = "
+                                                "generation_config.json's, else the tokenizer's.", min=0),
             "offset": F("int|list[int]", 0, "MindFormers layer split: per-stage adjustments added to "
                                             "num_layers // stages; must sum to num_layers % stages."),
             # mixture of experts (docs/moe.md): Qwen3-MoE / mcore names; DeepSeek-V3's moe_config maps here

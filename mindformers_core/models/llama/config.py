@@ -30,7 +30,10 @@ MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim
             "multi_latent_attention")
 _ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu"}
 # rotary tables are built for seq_length; use_flash_attention: the same attention computed unfused (CPU)
-_IGNORED = ("type", "max_position_embeddings", "use_flash_attention", "pet_config")   # pet_config: LoRA, peft/
+_IGNORED = ("type", "max_position_embeddings", "use_flash_attention", "pet_config",   # pet_config: LoRA, peft/
+            # generation keys, read by run_mode predict (training/predict.py), not by the model
+            "do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "max_decode_length", "max_new_tokens",
+            "min_new_tokens", "eos_token_id", "pad_token_id")
 
 
 def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
