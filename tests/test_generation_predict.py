@@ -125,3 +125,11 @@ def test_a_bad_yaml_generation_value_is_named_by_its_key(setup, capsys):
     assert code == 2, err
     assert "model.model_config.top_p = 1.5: must be in (0, 1]" in err, err
     assert "model.model_config.temperature = 0: must be > 0" in err, err
+
+
+def test_a_broken_jsonl_prompt_file_is_named_by_its_line(setup, capsys):
+    broken = setup["tmp"] / "broken.jsonl"
+    broken.write_text(json.dumps({"prompt": "a"}) + "\n\n{not json}\n")
+    code = predict(setup, setup["tmp"] / "broken", "--predict_data", str(broken))
+    err = capsys.readouterr().err
+    assert code == 2 and f"--predict_data {broken}:3: not valid JSON" in err, err

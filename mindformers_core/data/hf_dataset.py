@@ -19,7 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,15 +61,26 @@ def check_json_file(path: str) -> None:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
         return
+    for lineno, record in json_lines(path, text):
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {type(record).__name__}")
+
+
+def json_lines(path: str, text: Optional[str] = None) -> List[Tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSON-lines file (``text``: its content, when read
+    already); ``ValueError`` naming ``path`` and the line of the first that is not JSON."""
+    if text is None:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            out.append((lineno, json.loads(line)))
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {type(record).__name__}")
+    return out
 
 
 def _files_of(folder: str) -> List[str]:

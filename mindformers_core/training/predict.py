@@ -37,17 +37,14 @@ def read_prompts(predict_data: Optional[Sequence[str]]) -> List[Any]:
     data = list(predict_data or ["Return the"])
     if len(data) == 1 and os.path.isfile(data[0]):
         path = data[0]
-        with open(path, encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for line in f]
         if path.endswith(".jsonl"):
+            from ..data.hf_dataset import json_lines
+            try:
+                rows = json_lines(path)
+            except ValueError as e:
+                raise ValueError(f"--predict_data {e}") from None
             prompts = []
-            for no, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"--predict_data {path}:{no}: not JSON ({e.msg})") from None
+            for no, row in rows:
                 if isinstance(row, dict) and isinstance(row.get("messages"), list):
                     prompts.append(row["messages"])
                 elif isinstance(row, dict) and isinstance(row.get("prompt", row.get("text")), str):
@@ -56,6 +53,8 @@ def read_prompts(predict_data: Optional[Sequence[str]]) -> List[Any]:
                     raise ValueError(f"--predict_data {path}:{no}: needs a 'prompt' (or 'text') string or a "
                                      "'messages' list")
             return prompts
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f]
         return [line.replace("\\n", "\n") for line in lines if line.strip()]
     return [p.replace("\\n", "\n") for p in data]
 

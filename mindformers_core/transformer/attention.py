@@ -98,22 +98,40 @@ class DotProductAttention(nn.Cell):
         return None, None, None
 
     def construct(self, q, k, v, mask=None):
-        b, s = q.shape[0], q.shape[2]
         if mask is None:
             mask = self.mask
-        if self.repeat > 1:
-            k = ops.repeat_interleave(k, self.repeat, 1)
-            v = ops.repeat_interleave(v, self.repeat, 1)
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
-        if self.low_precision:
-            scores = ops.cast(scores, ms.float32)
-        probs = ops.softmax(scores * self.scale + mask, axis=-1)
-        if self.low_precision:
-            probs = ops.cast(probs, self.compute_dtype)
+        k, v = repeat_kv(k, v, self.repeat)
+        probs = attention_probs(q, k, mask, self.scale, self.low_precision, self.compute_dtype)
         if self.use_dropout:
             probs = ops.dropout(probs, p=self.dropout_p, training=self.training)
-        ctx = ops.matmul(probs, v)
-        return ops.transpose(ctx, (0, 2, 1, 3)).reshape(b, s, -1)
+        return attention_context(probs, v)
+
+
+def repeat_kv(k, v, repeat: int):
+    """GQA: each of the g key/value heads repeated for its ``repeat`` query heads (b, g, L, d) -> (b, g*r, L, d)."""
+    if repeat > 1:
+        k = ops.repeat_interleave(k, repeat, 1)
+        v = ops.repeat_interleave(v, repeat, 1)
+    return k, v
+
+
+def attention_probs(q, k, mask, scale: float, low_precision: bool, compute_dtype):
+    """softmax(q k^T * scale + mask) over the keys, in float32 whatever the compute dtype (the one softmax
+    core of ``DotProductAttention`` and the KV cache's attention, ``kv_cache.KVCache``)."""
+    scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+    if low_precision:
+        scores = ops.cast(scores, ms.float32)
+    probs = ops.softmax(scores * scale + mask, axis=-1)
+    if low_precision:
+        probs = ops.cast(probs, compute_dtype)
+    return probs
+
+
+def attention_context(probs, v):
+    """probs (b, n, s, L) @ v (b, n, L, dv) -> (b, s, n * dv)."""
+    b, s = probs.shape[0], probs.shape[2]
+    ctx = ops.matmul(probs, v)
+    return ops.transpose(ctx, (0, 2, 1, 3)).reshape(b, s, -1)
 
 
 class HeadNorm(RMSNorm):

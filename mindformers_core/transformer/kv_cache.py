@@ -22,8 +22,9 @@ import dataclasses
 import math
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, nn, ops
 
+from .attention import attention_context, attention_probs, repeat_kv
 from .config import TransformerConfig
 from .rotary import PositionRotary
 
@@ -62,19 +63,9 @@ class KVCache(nn.Cell):
         return None, None, None
 
     def construct(self, q, k, v, cache_slots, mask):
-        keys, values = self.write(k, v, cache_slots)
-        b, s = q.shape[0], q.shape[2]
-        if self.repeat > 1:
-            keys = ops.repeat_interleave(keys, self.repeat, 1)
-            values = ops.repeat_interleave(values, self.repeat, 1)
-        scores = ops.matmul(q, ops.transpose(keys, (0, 1, 3, 2)))
-        if self.low_precision:
-            scores = ops.cast(scores, ms.float32)
-        probs = ops.softmax(scores * self.scale + mask, axis=-1)
-        if self.low_precision:
-            probs = ops.cast(probs, self.compute_dtype)
-        ctx = ops.matmul(probs, values)
-        return ops.transpose(ctx, (0, 2, 1, 3)).reshape(b, s, -1)
+        keys, values = repeat_kv(*self.write(k, v, cache_slots), self.repeat)
+        probs = attention_probs(q, keys, mask, self.scale, self.low_precision, self.compute_dtype)
+        return attention_context(probs, values)
 
     def write(self, k, v, cache_slots):
         """The cache with k, v (b, g, s, d) written at slots ``cache_slots`` (s,); stored and returned."""
