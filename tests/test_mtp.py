@@ -42,7 +42,7 @@ def numpy_mtp_term(model, ids, labels, mask):
         e = emb[ids[:, idx]]
         x = np.concatenate([rms(e, P[pre + "enorm.weight"]), rms(hidden, P[pre + "hnorm.weight"])], -1)
         x = x @ P[pre + "eh_proj.weight"]
-        layer = model.mtp.layers[c.num_layers + k - 1].transformer_layer
+        layer = model.mtp.layers[k - 1].transformer_layer
         x = layer(Tensor(x.astype(np.float32))).asnumpy().astype(np.float64)
         hidden = rms(x, P[pre + "shared_head_norm.weight"])
         tok = ce(hidden @ out, labels[:, idx])

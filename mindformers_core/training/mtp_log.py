@@ -2,9 +2,10 @@
 
 Every forward of a model with MTP depths adds the term it adds to the loss (``mtp_loss_scaling_factor / depths x
 sum_k loss_k``, ``transformer/mtp.py``) to its probe's ``loss_sum`` and 1 to ``forwards``. After a step the monitor
-sums both over the ranks (one all-reduce of two numbers), reports ``loss_sum / forwards`` (the term per
-micro-batch, as ``loss`` is) as ``mtp_loss`` in ``loss.jsonl`` and ``mtp <value>`` on the console line, and resets
-them.
+sums both over the ranks (one all-reduce of two numbers), reports the term per micro-batch (as ``loss`` is) as
+``mtp_loss`` in ``loss.jsonl`` and ``mtp <value>`` on the console line, and resets them. A rank records its part
+of the term: the masked means are partial sums over the data-parallel ranks (the pass reduces them after the
+probe) and complete on every tensor-parallel rank, so the term is ``sum(loss_sum) x dp / sum(forwards)``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from ..transformer.mtp import MTPLossProbe
 class MTPMonitor:
     """Reads, reduces and resets the MTP probes of ``model`` (a model, or this rank's list of chunks)."""
 
-    def __init__(self, model):
+    def __init__(self, model, data_parallel: int = 1):
+        self.dp = data_parallel
         chunks = model if isinstance(model, (list, tuple)) else [model]
         self.probes = [c for chunk in chunks for _, c in chunk.cells_and_names() if isinstance(c, MTPLossProbe)]
         group = world_group()
@@ -41,7 +43,7 @@ class MTPMonitor:
         if self.reduce is not None:
             vec = self.reduce(Tensor(vec)).asnumpy()
         self.reset()
-        value = float(vec[0] / max(vec[1], 1.0))
+        value = float(vec[0] * self.dp / max(vec[1], 1.0))
         return {"mtp_loss": value}, f"mtp {value:.4f}"
 
 
@@ -49,7 +51,7 @@ def mtp_monitor(model, config) -> Optional[MTPMonitor]:
     """A monitor for a model with MTP depths (``config.mtp_num_layers``), else None."""
     if not getattr(config, "mtp_depths", 0):
         return None
-    return MTPMonitor(model)
+    return MTPMonitor(model, config.data_parallel_size)
 
 
 def combined(*reports: Optional[Callable[[], Tuple[Dict[str, Any], str]]]):

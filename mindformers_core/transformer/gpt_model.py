@@ -94,7 +94,11 @@ class GPTModel(nn.Cell):
                                  f"output layer in the same model (pre_process={self.pre_process}, "
                                  f"post_process={self.post_process}): MTP with pipeline parallelism is not "
                                  "implemented")
-            self.mtp = MultiTokenPrediction(config, layer_spec)
+            head = self.embedding.word_embeddings.weight if self.tie else self.output_layer.weight
+            name = head.name
+            self.mtp = MultiTokenPrediction(config, layer_spec, head)
+            self.mtp.global_names()
+            head.name = name        # its owner's name (MindSpore renames a Parameter that a new sub-Cell holds)
         # MoE: the load-balancing loss joins the loss; a pipeline stage without the output layer returns
         # (hidden states, its layers' load-balancing loss), a stage-local loss term (pipeline/runtime.py)
         self.returns_aux = self.decoder.returns_aux
@@ -104,6 +108,7 @@ class GPTModel(nn.Cell):
             x = self.embedding(input_ids)
         else:
             x = input_ids
+        embedded = x
         if self.returns_aux:
             decoded = self.decoder(x, position_ids, segment_ids)
             if not self.post_process:
@@ -113,31 +118,29 @@ class GPTModel(nn.Cell):
             if labels is None:
                 return loss
             if self.has_mtp:
-                loss = loss + self._mtp(x, input_ids, labels, loss_mask, position_ids, segment_ids)
+                loss = loss + self._mtp(x, embedded, labels, loss_mask, position_ids, segment_ids)
             return loss + aux
         x = self.decoder(x, position_ids, segment_ids)
         if not self.post_process:
             return x
         loss = self._head(x, labels, loss_mask)
         if self.has_mtp and labels is not None:
-            return loss + self._mtp(x, input_ids, labels, loss_mask, position_ids, segment_ids)
+            return loss + self._mtp(x, embedded, labels, loss_mask, position_ids, segment_ids)
         return loss
 
-    def _mtp(self, hidden, input_ids, labels, loss_mask, position_ids, segment_ids):
-        """The multi-token prediction term (with its layers' load-balancing losses): depth k embeds the ids
-        shifted by k with this model's embedding, runs its layer on the previous depth's hidden states, and is
-        scored by this model's head against the labels shifted by k."""
+    def _mtp(self, hidden, embedded, labels, loss_mask, position_ids, segment_ids):
+        """The multi-token prediction term (with its layers' load-balancing losses): depth k takes this model's
+        embedding output shifted by k, runs its layer on the previous depth's hidden states, and is scored with
+        this model's head weight (its own head Cell) against the labels shifted by k."""
         mtp = self.mtp
         losses, aux = (), ()
-        for k in range(mtp.depths):
-            layer = mtp.layers[mtp.first + k]
-            embedded = self.embedding(mtp.shifted(input_ids, layer))
+        for layer in mtp.layers:
             if mtp.returns_aux:
-                hidden, a = layer(hidden, embedded, position_ids, segment_ids)
+                hidden, loss_k, a = layer(hidden, embedded, labels, loss_mask, position_ids, segment_ids)
                 aux = aux + (a,)
             else:
-                hidden = layer(hidden, embedded, position_ids, segment_ids)
-            losses = losses + (mtp.depth_loss(self._logits(hidden), labels, loss_mask, layer),)
+                hidden, loss_k = layer(hidden, embedded, labels, loss_mask, position_ids, segment_ids)
+            losses = losses + (loss_k,)
         total = losses[0]
         for loss_k in losses[1:]:
             total = total + loss_k

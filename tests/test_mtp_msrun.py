@@ -1,0 +1,66 @@
+"""Multi-token prediction under msrun equals one process: the tiny trainer YAML with ``mtp_depth: 2`` (MindFormers'
+graph-mode key), 2 steps, at tensor parallel 2 (jit: the depths' eh_proj column-split, the shared embedding and
+head vocab-split, the shifted-label cross-entropy over vocab shards) and data parallel 2 (PyNative: the masked
+means' token counts over the global batch); losses and the logged ``mtp_loss`` to a relative 1e-5 of one process
+in the same mode. (MTP with pipeline parallelism is refused before any process group: tests/test_deepseek_yaml.py.)
+
+The two runs go in turn (``run_many``) in the suite's batched 2-worker launch (tests/msrun_batch.py); the
+one-process references run here."""
+import functools
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import run_mindformer
+from tests.msrun_batch import job
+from tests.test_trainer import build_assets, records
+from tests.test_trainer_msrun import assert_close
+
+pytestmark = pytest.mark.msrun
+MTP = ["--model.model_config.mtp_depth", 2, "--model.model_config.mtp_loss_factor", 0.3,
+       "--runner_config.max_steps", 2, "--lr_schedule.total_steps", 2, "--callbacks", "[{type: MFLossMonitor}]"]
+TP2 = ["--use_parallel", "True", "--parallel_config.model_parallel", 2]
+DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2]
+
+
+def argv(config, out, *extra):
+    return ["--config", config, "--output_dir", str(out), *map(str, extra)]
+
+
+def run_many(argvs):
+    """msrun body: ``run_mindformer.main`` for each argv in turn; the exit codes."""
+    return [run_mindformer.main(a) for a in argvs]
+
+
+@functools.lru_cache(maxsize=None)
+def plan():
+    """The runs' output folders and the 2-worker argvs (made once per process)."""
+    base = tempfile.mkdtemp(prefix="mtp_msrun_")
+    config = build_assets(os.path.join(base, "assets"))["yaml"]
+    out = {k: os.path.join(base, k) for k in ("p1_jit", "p1_pynative", "tp2_jit", "dp2_pynative")}
+    two = [argv(config, out["tp2_jit"], "--mode", 0, *MTP, *TP2),
+           argv(config, out["dp2_pynative"], "--mode", 1, *MTP, *DP2)]
+    return config, out, two
+
+
+TWO = job("mtp_tp2_dp2", 2, "tests.test_mtp_msrun:run_many", lambda: {"argvs": plan()[2]}, timeout=600,
+          group=__name__)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    config, out, two = plan()
+    for mode, flag in (("pynative", 1), ("jit", 0)):
+        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *MTP)) == 0
+    assert TWO.results() == [[0] * len(two)] * 2
+    return out
+
+
+@pytest.mark.parametrize("name, mode", [("tp2", "jit"), ("dp2", "pynative")])
+def test_mtp_on_two_workers_equals_one_process(runs, name, mode):
+    one, two = records(runs[f"p1_{mode}"]), records(runs[f"{name}_{mode}"])
+    assert len(one) == 2 and all(np.isfinite(r["loss"]) and r["mtp_loss"] > 0 for r in one)
+    assert_close([r["loss"] for r in two], [r["loss"] for r in one])
+    assert_close([r["mtp_loss"] for r in two], [r["mtp_loss"] for r in one])
