@@ -21,9 +21,9 @@ from ..distributed.process_group import world_group
 from ..transformer.moe import AuxLossProbe, expert_bias_update, routers_of
 
 
-def _moe_layers(chunks):
+def _moe_layers(chunks, num_layers):
     """``{global layer index: (router, probe or None)}`` of this rank's model chunks (pipeline stages); the
-    multi-token prediction layers are ``mtp.layers.<global index>`` (``num_layers + depth - 1``)."""
+    multi-token prediction depth k's layer (Cell path ``mtp.layers.<k - 1>``) is layer ``num_layers + k - 1``."""
     out = {}
     for chunk in chunks:
         numbers = getattr(getattr(chunk, "decoder", None), "layer_numbers", None)
@@ -31,7 +31,7 @@ def _moe_layers(chunks):
         for path, router in routers_of(chunk):
             layer = path.rsplit(".mlp.", 1)[0]
             if layer.startswith("mtp.layers."):
-                out[int(layer.split(".")[2])] = (router, probes.get(layer))
+                out[num_layers + int(layer.split(".")[2])] = (router, probes.get(layer))
                 continue
             local = int(layer.rsplit(".", 1)[1])
             out[numbers[local] - 1 if numbers else local] = (router, probes.get(layer))
@@ -44,7 +44,7 @@ class MoEMonitor:
     the layers other pipeline stages hold), so the one all-reduce also gathers the stages."""
 
     def __init__(self, model, config):
-        mine = _moe_layers(model if isinstance(model, (list, tuple)) else [model])
+        mine = _moe_layers(model if isinstance(model, (list, tuple)) else [model], config.num_layers)
         all_moe = [i for i in range(config.num_layers) if config.is_moe_layer(i + 1)]
         depths = getattr(config, "mtp_depths", 0)       # MTP layers are built like the last layer
         all_moe += [config.num_layers + k for k in range(depths) if config.is_moe_layer(config.num_layers)]
