@@ -255,7 +255,7 @@ class _Checks:
             errors.append(problem + " (msrun --worker_num)")
 
     def mtp_errors(self) -> None:
-        """Multi-token prediction (docs/mtp.md) with what it does not combine with yet."""
+        """Multi-token prediction (docs/deepseek_v3.md) with what it does not combine with yet."""
         cfg, shape = self.cfg, self.shape
         depths = cfg.model.model_config.get("mtp_num_layers")
         if not depths:

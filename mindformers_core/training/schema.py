@@ -218,7 +218,7 @@ SCHEMA = Section({
             "multi_latent_attention": F("bool|null", None, "MLA on (DeepseekV3ForCausalLM: its default, with "
                                                            "kv_lora_rank); true on another family is refused."),
             "mtp_num_layers": F("int|null", None, "Multi-token prediction depths after the main model (DeepSeek-V3: 1; "
-                                                  "MindFormers' mtp_depth / num_nextn_predict_layers; docs/mtp.md); "
+                                                  "MindFormers' mtp_depth / num_nextn_predict_layers; docs/deepseek_v3.md); "
                                                   "null or 0 = none.", min=0),
             "mtp_loss_scaling_factor": F("float", 0.1, "The MTP term added to the loss is this x the mean of the "
                                                        "depths' losses (MindFormers' mtp_loss_factor).", min=0),
