@@ -150,3 +150,22 @@ def test_shrunk_research_file_trains_2_steps_with_mtp(megatron, tmp_path, capsys
     rows = records(out)
     assert len(rows) == 2 and all(4 < r["loss"] < 9 and 1.2 < r["mtp_loss"] < 2.4 for r in rows), rows
     assert all("aux_loss" in r and "expert_load" in r for r in rows)
+
+
+def test_resume_from_an_mtp_checkpoint_is_exact(tiny, tmp_path, capsys):
+    """mtp_depth 1, 4 steps in one go vs 2 steps then a resume for 2: the same losses and mtp_loss bitwise, and the
+    checkpoint holds the depth's own weights under their global names (mtp.layers.2.*: 2 layers + depth 1)."""
+    from tests.test_trainer import saved
+    common = ["--config", tiny["yaml"], "--model.model_config.mtp_depth", 1, "--lr_schedule.total_steps", 4,
+              "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 2}]"]
+    assert run(capsys, *common, "--output_dir", tmp_path / "full", "--runner_config.max_steps", 4)[0] == 0
+    assert run(capsys, *common, "--output_dir", tmp_path / "cut", "--runner_config.max_steps", 2)[0] == 0
+    assert run(capsys, *common, "--output_dir", tmp_path / "cut", "--runner_config.max_steps", 4,
+               "--resume_training", True)[0] == 0
+    full, cut = records(tmp_path / "full"), records(tmp_path / "cut")
+    assert [r["step"] for r in cut] == [1, 2, 3, 4]
+    assert [(r["loss"], r["mtp_loss"]) for r in cut] == [(r["loss"], r["mtp_loss"]) for r in full]
+    weights, _, _ = saved(tmp_path / "cut", 2)
+    assert {"mtp.layers.2.eh_proj.weight", "mtp.layers.2.transformer_layer.mlp.linear_fc2.weight",
+            "output_layer.weight"} <= set(weights)
+    assert not [n for n in weights if n.startswith("mtp.") and ("output_layer" in n or "head.weight" in n)]
