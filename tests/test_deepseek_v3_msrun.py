@@ -3,7 +3,7 @@ under msrun equals one process: the losses of a 2-step fine-tune through ``run_m
 the loaded model's own; the second follows an AdamW step and the expert-bias update) agree with one process to a
 relative 1e-5 with multi-latent attention's heads split over tp (jit), the sequence split over cp with the ring
 kernel (PyNative) and the experts split over ep (jit). A frozen tp2 run (learning rate 0) exports the folder back
-bitwise through ``--export_hf_dir``.
+bitwise through ``--export_hf_dir`` (the expert bias moved by its own update rule, which the lr does not stop).
 
 The four runs are one job (``run_many``) of the suite's batched 2-worker launch (tests/msrun_batch.py); the
 one-process references run here."""
@@ -62,11 +62,11 @@ def plan():
     """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
     base = tempfile.mkdtemp(prefix="ds3_msrun_")
     config = hf_yaml(base)
-    out = {k: os.path.join(base, k) for k in ("p1_pynative", "p1_jit", "tp2_jit", "cp2_pynative", "ep2_jit",
+    out = {k: os.path.join(base, k) for k in ("p1_pynative", "tp2_jit", "cp2_pynative", "ep2_jit",
                                               "tp2_frozen", "tp2_export")}
-    two = [argv(config, out["tp2_jit"], "--mode", 0, *STEPS, *QUIET, *TP2),
+    two = [argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
+           argv(config, out["tp2_jit"], "--mode", 0, *STEPS, *QUIET, *TP2),
            argv(config, out["cp2_pynative"], "--mode", 1, *STEPS, *QUIET, *CP2),
-           argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
            argv(config, out["tp2_frozen"], "--mode", 1, *FROZEN, *QUIET, *TP2, "--export_hf_dir", out["tp2_export"])]
     return config, out, two
 
@@ -78,8 +78,9 @@ TWO = job("deepseek_v3_tp2_cp2_ep2", 2, "tests.test_deepseek_v3_msrun:run_many",
 @pytest.fixture(scope="module")
 def runs():
     config, out, two = plan()
-    for mode, flag in (("pynative", 1), ("jit", 0)):
-        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *STEPS, *QUIET)) == 0
+    # one reference, in PyNative: the one-process jit run gives the same losses to 8e-8 (measured), and its compile
+    # would cost the suite another minute
+    assert run_mindformer.main(argv(config, out["p1_pynative"], "--mode", 1, *STEPS, *QUIET)) == 0
     assert TWO.results() == [[0] * len(two)] * 2
     return dict(out)
 
@@ -90,14 +91,23 @@ def losses(out):
 
 @pytest.mark.parametrize("job, mode", [("tp2", "jit"), ("cp2", "pynative"), ("ep2", "jit")])
 def test_loaded_and_fine_tuned_on_workers_equals_one_process(runs, job, mode):
-    one = losses(runs[f"p1_{mode}"])
+    one = losses(runs["p1_pynative"])
     assert len(one) == 2 and all(np.isfinite(one)) and abs(one[1] - one[0]) > 1e-4
     assert_close(losses(runs[f"{job}_{mode}"]), one)
 
 
 def test_export_after_a_frozen_tp2_run_gives_the_folder_back_bitwise(runs):
+    """Learning rate 0 leaves every weight bitwise; the expert bias is not the gradient's: its one update moved
+    each expert's entry by the update rate (1e-3) against its load, and the export holds the moved bias."""
     source, exported = open_folder(FOLDER), open_folder(str(runs["tp2_export"]))
     assert sorted(exported.tensors) == sorted(source.tensors)
+    moved = []
     with source.reader() as a, exported.reader() as b:
         for name in source.tensors:
-            assert np.array_equal(a(name), b(name)), name
+            if name.endswith("e_score_correction_bias"):
+                step = b(name).astype(np.float64) - a(name)
+                assert np.all(np.isclose(np.abs(step), 1e-3, atol=1e-6) | (step == 0)), (name, step)
+                moved.append(np.abs(step).max())
+            else:
+                assert np.array_equal(a(name), b(name)), name
+    assert len(moved) == 2 and min(moved) > 0
