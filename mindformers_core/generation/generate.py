@@ -19,7 +19,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from ..common.graphs import compile_blocking
-from ..transformer.kv_cache import CacheMask
+from ..transformer.kv_cache import CacheStep
 from .cache import attach_kv_cache, detach_kv_cache, reattach
 from .config import GenerationConfig
 from .sampling import TokenChooser, uniform_noise
@@ -27,17 +27,18 @@ from .sampling import TokenChooser, uniform_noise
 
 class CachedStep(nn.Cell):
     """``(input_ids (b, s), position_ids (b, s), cache_slots (s,), kv_valid (b, L)) -> logits (b, s, vocab)`` against
-    the model's KV caches (the generator reads the last column). Every op here is one the sharding pass
-    follows, so the step can be parallelized like the model (``Generator(parallel_config=...)``)."""
+    the model's KV caches of ``max_length`` slots (the generator reads the last column). Every op here is one
+    the sharding pass follows, so the step can be parallelized like the model (``Generator(parallel_config=...)``)."""
 
-    def __init__(self, model):
+    def __init__(self, model, max_length: int):
         super().__init__()
         self.model = model
-        self.cache_mask = CacheMask()
+        self.cache_step = CacheStep(model.config, max_length)
 
     def construct(self, input_ids, position_ids, cache_slots, kv_valid):
-        mask = self.cache_mask(cache_slots, kv_valid)
-        return self.model.decode(input_ids, position_ids, cache_slots, mask, False)
+        # the mask, the write's scatter and the rotary rows: once per step, for every layer
+        mask, scatter, written, cos, sin = self.cache_step(position_ids, cache_slots, kv_valid)
+        return self.model.decode(input_ids, None, (scatter, written), (mask, cos, sin), False)
 
 
 @dataclass
@@ -118,7 +119,7 @@ class Generator:
         self.max_positions = max_positions
         self.vocab_size = int(model.config.vocab_size)
         self.chooser = TokenChooser(config, self.vocab_size)
-        self.step = CachedStep(model)
+        self.step = None                # a CachedStep, made for each cache shape (prepare)
         self._shape = None
         self._caches = None
         self._compiled = {}
@@ -162,6 +163,7 @@ class Generator:
                                  f"{self._shape[0]}, {self._shape[1]} cache slots); got batch {batch_size}, {length} "
                                  "slots: build another Generator")
             self._caches = attach_kv_cache(self.model, batch_size, length)
+            self.step = CachedStep(self.model, length)
             self._shape = (batch_size, length)
             self._compiled = {}
             return True

@@ -194,12 +194,15 @@ class SelfAttention(nn.Cell):
         return self.linear_proj(ctx)
 
     def cached(self, q, k, v, position_ids, cache_slots, kv_mask):
-        """Generation: q/k rotated by ``position_ids`` (b, s), k and v written into the cache at ``cache_slots``
-        (s,), q attending to the whole cache under ``kv_mask`` (b, 1, s, L) (``kv_cache.CacheMask``); the
-        cache's attention is ``DotProductAttention``'s math (a ``spec.core`` replacement is not used here)."""
-        q = ops.transpose(self.kv_cache.rotary(q, position_ids), (0, 2, 1, 3))
-        k = ops.transpose(self.kv_cache.rotary(k, position_ids), (0, 2, 1, 3))
-        return self.linear_proj(self.kv_cache(q, k, ops.transpose(v, (0, 2, 1, 3)), cache_slots, kv_mask))
+        """Generation against ``self.kv_cache`` (``kv_cache.KVCache``): ``cache_slots`` is the step's
+        ``(scatter, written)`` and ``kv_mask`` its ``(mask, cos, sin)``, computed once per step for every layer
+        (``kv_cache.CacheStep``); q and k are rotated, k and v written into the cache, q attends to the whole
+        cache. ``position_ids`` is not read (the step's rotary rows carry the positions); the cache's attention
+        is ``DotProductAttention``'s math (a ``spec.core`` replacement is not used here)."""
+        scatter, written = cache_slots
+        mask, cos, sin = kv_mask
+        q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+        return self.linear_proj(self.kv_cache(q, k, v, mask, scatter, written, cos, sin))
 
     def rotate(self, x, position_ids):
         """Rotary on (b, s, heads, d): the constant tables, or the angles of ``position_ids``."""

@@ -6,35 +6,38 @@ prompt and a decode step per token each have one static shape: ``jit`` compiles 
 step writes are inputs (``cache_slots`` (s,) int32: the same slots for every row, which left padding
 makes possible), not Python numbers, so no step recompiles for the next position.
 
-Writing is a one-hot matmul (exact in float32: one term of 1 * x and zeros) and a select, then
-``ops.assign`` into the Parameters, so the graph and PyNative both update the same storage. The Cell also
-holds the by-position rotary tables for the ``L`` positions the generation reaches (the model's own
-tables are built for its training ``seq_length``).
+What depends on the step only -- the additive mask (b, 1, s, L), the write's one-hot scatter (L, s) and its
+written slots, the rotary rows of the step's positions (b, 1, s, d) -- is computed once per step by
+``CacheStep`` (one op for the sharding pass, ``kv_cache_step``; it holds the rotary tables for the ``L``
+positions the generation reaches: the model's own are built for its training ``seq_length``) and handed to
+every layer, instead of once per layer.
 
-``KVCache`` is one op for the sharding pass (``kv_cache_attention``: write the cache, then attend to it):
-with tensor parallelism the heads are split and each rank holds the cache slice of its key/value heads
-(``sharding/rules/kv_cache.py``). ``CacheMask`` (``kv_cache_mask``) builds the additive mask (b, 1, s, L)
-from the slots and the valid key slots, once per step.
+Writing is a one-hot matmul (exact in float32: one term of 1 * x and zeros) and a select, then
+``ops.assign`` into the Parameters, so the graph and PyNative both update the same storage.
+
+``KVCache`` is one op for the sharding pass (``kv_cache_attention``: rotate q and k, write the cache, then
+attend to it): with tensor parallelism the heads are split and each rank holds the cache slice of its
+key/value heads (``sharding/rules/kv_cache.py``).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import mindspore as ms
-from mindspore import Parameter, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 from .attention import attention_context, attention_probs, repeat_kv
 from .config import TransformerConfig
-from .rotary import PositionRotary
+from .rotary import _Rotary, rotary_tables, rotate
 
 MASK_VALUE = -1.0e9
 
 
 class KVCache(nn.Cell):
-    """``(q (b, n, s, d), k (b, g, s, d), v (b, g, s, dv), cache_slots (s,), mask (b, 1, s, L)) -> (b, s, n * dv)``:
-    k and v written into the cache at ``cache_slots`` (and stored), then softmax(q K^T / sqrt(d) + mask) V
-    over the whole cache (the math of ``DotProductAttention``, keys L instead of s)."""
+    """``(q (b, n, s, d), k (b, g, s, d), v (b, g, s, dv), step) -> (b, s, n * dv)`` with ``step`` =
+    ``CacheStep``'s ``(mask (b, 1, s, L), scatter (L, s), written (1, 1, L, 1), cos, sin (b, 1, s, d))``: q and k
+    rotated, k and v written into the cache at the step's slots (and stored), then softmax(q K^T / sqrt(d) +
+    mask) V over the whole cache (``DotProductAttention``'s softmax core, keys L instead of s)."""
     sharding_op = "kv_cache_attention"
     sharding_params = ("key_cache", "value_cache")
 
@@ -48,13 +51,14 @@ class KVCache(nn.Cell):
         self.scale = 1.0 / math.sqrt(d if softmax_dim is None else softmax_dim)
         self.compute_dtype = config.ms_compute_dtype
         self.low_precision = config.compute_dtype != "float32"   # softmax in float32 either way
+        rotation = _Rotary(config)
+        self.half, self.rotary_dim, self.partial = rotation.half, rotation.rotary_dim, rotation.partial
+        self.rotate_low, self.interleaved = rotation.low_precision, rotation.interleaved
         dtype = config.ms_compute_dtype
         self.key_cache = Parameter(ops.zeros((batch_size, g, self.max_length, d), dtype),
                                    name=f"{name}.key_cache", requires_grad=False)
         self.value_cache = Parameter(ops.zeros((batch_size, g, self.max_length, dv), dtype),
                                      name=f"{name}.value_cache", requires_grad=False)
-        positions = max(self.max_length, config.max_positions)
-        self.rotary = PositionRotary(dataclasses.replace(config, max_position_embeddings=positions))
 
     def sharding_attrs(self) -> dict:
         return {}
@@ -62,33 +66,42 @@ class KVCache(nn.Cell):
     def shard(self, config):
         return None, None, None
 
-    def construct(self, q, k, v, cache_slots, mask):
-        keys, values = repeat_kv(*self.write(k, v, cache_slots), self.repeat)
+    def construct(self, q, k, v, mask, scatter, written, cos, sin):
+        q = rotate(q, cos, sin, self.half, self.rotary_dim, self.partial, self.rotate_low, self.interleaved)
+        k = rotate(k, cos, sin, self.half, self.rotary_dim, self.partial, self.rotate_low, self.interleaved)
+        keys, values = repeat_kv(*self.write(k, v, scatter, written), self.repeat)
         probs = attention_probs(q, keys, mask, self.scale, self.low_precision, self.compute_dtype)
         return attention_context(probs, values)
 
-    def write(self, k, v, cache_slots):
-        """The cache with k, v (b, g, s, d) written at slots ``cache_slots`` (s,); stored and returned."""
-        slots = ops.cast(cache_slots, ms.int32)
-        onehot = ops.cast(ops.expand_dims(slots, 1) == ops.expand_dims(ops.arange(self.max_length, dtype=ms.int32), 0),
-                          k.dtype)                                            # (s, L)
-        scatter = ops.transpose(onehot, (1, 0))                               # (L, s)
-        written = ops.reduce_sum(onehot, 0) > 0.5                             # (L,)
-        where = ops.reshape(written, (1, 1, self.max_length, 1))
-        keys = ops.select(ops.broadcast_to(where, self.key_cache.shape), ops.matmul(scatter, k), self.key_cache)
-        values = ops.select(ops.broadcast_to(where, self.value_cache.shape), ops.matmul(scatter, v),
+    def write(self, k, v, scatter, written):
+        """The cache with k, v (b, g, s, d) written where ``scatter`` (L, s) puts them (slots ``written``);
+        stored and returned."""
+        keys = ops.select(ops.broadcast_to(written, self.key_cache.shape), ops.matmul(scatter, k), self.key_cache)
+        values = ops.select(ops.broadcast_to(written, self.value_cache.shape), ops.matmul(scatter, v),
                             self.value_cache)
         keys = ops.depend(keys, ops.assign(self.key_cache, keys))
         values = ops.depend(values, ops.assign(self.value_cache, values))
         return keys, values
 
 
-class CacheMask(nn.Cell):
-    """``(cache_slots (s,), kv_valid (b, L)) -> (b, 1, s, L)`` additive float32 mask: 0 where the key slot
-    holds a real token (``kv_valid`` = 1) and is not after the query's slot, ``MASK_VALUE`` elsewhere. One op
-    for the sharding pass (``kv_cache_mask``): the batch may be split."""
-    sharding_op = "kv_cache_mask"
-    sharding_params = ()
+class CacheStep(nn.Cell):
+    """``(position_ids (b, s), cache_slots (s,), kv_valid (b, L)) -> (mask (b, 1, s, L), scatter (L, s),
+    written (1, 1, L, 1), cos (b, 1, s, d), sin (b, 1, s, d))``: what every layer's ``KVCache`` needs of the
+    step, once per step. ``mask``: 0 where the key slot holds a real token (``kv_valid`` = 1) not after the
+    query's slot, ``MASK_VALUE`` elsewhere; ``scatter``: the one-hot matrix that puts the step's s columns at
+    their slots; ``cos``/``sin``: the rotary rows of each token's position. One op for the sharding pass
+    (``kv_cache_step``): the batch may be split."""
+    sharding_op = "kv_cache_step"
+    sharding_params = ("cos", "sin")
+
+    def __init__(self, config: TransformerConfig, max_length: int):
+        super().__init__()
+        positions = max(int(max_length), config.max_positions)
+        rotation = _Rotary(config)
+        cos, sin = rotary_tables(positions, rotation.head_dim, rotation.rotary_dim, config.rotary_base,
+                                 scaling=rotation.scaling)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+        self.dtype = config.ms_compute_dtype
 
     def sharding_attrs(self) -> dict:
         return {}
@@ -96,12 +109,21 @@ class CacheMask(nn.Cell):
     def shard(self, config):
         return None, None, None
 
-    def construct(self, cache_slots, kv_valid):
-        return cache_mask(cache_slots, kv_valid)
+    def construct(self, position_ids, cache_slots, kv_valid):
+        length = kv_valid.shape[-1]
+        mask = cache_mask(cache_slots, kv_valid)
+        slots = ops.cast(cache_slots, ms.int32)
+        onehot = ops.cast(ops.expand_dims(slots, 1) == ops.expand_dims(ops.arange(length, dtype=ms.int32), 0),
+                          self.dtype)                                          # (s, L)
+        written = ops.reshape(ops.reduce_sum(onehot, 0) > 0.5, (1, 1, length, 1))
+        ids = ops.cast(position_ids, ms.int32)
+        cos = ops.expand_dims(ops.gather(self.cos[:, 0, :], ids, 0), 1)          # (b, 1, s, d)
+        sin = ops.expand_dims(ops.gather(self.sin[:, 0, :], ids, 0), 1)
+        return mask, ops.transpose(onehot, (1, 0)), written, cos, sin
 
 
 def cache_mask(cache_slots, kv_valid):
-    """The ``CacheMask`` computation (a plain function)."""
+    """``(cache_slots (s,), kv_valid (b, L)) -> (b, 1, s, L)``: the step's additive float32 mask."""
     length = kv_valid.shape[-1]
     slots = ops.cast(cache_slots, ms.int32)
     causal = ops.expand_dims(ops.arange(length, dtype=ms.int32), 0) <= ops.expand_dims(slots, 1)     # (s, L)

@@ -1,13 +1,16 @@
 """Generation against a static KV cache (``transformer/kv_cache.py``).
 
-``kv_cache_attention``: ``(q (b, n, s, d), k (b, g, s, d), v (b, g, s, dv), cache_slots (s,), mask (b, 1, s, L),
-key_cache (b, g, L, d), value_cache (b, g, L, dv)) -> (b, s, n * dv)``: k and v written into the caches at
-the slots, then attention over the cache. Batch and heads may stay split (tensor parallel: each rank holds
-the cache slice of its key/value heads, split on the same axes as q's heads); the sequence, the head dim and
-the cache length are whole; the slots are replicated; the mask keeps the batch split. Partial inputs are
+``kv_cache_attention``: ``(q (b, n, s, d), k (b, g, s, d), v (b, g, s, dv), mask (b, 1, s, L), scatter (L, s),
+written (1, 1, L, 1), cos (b, 1, s, d), sin (b, 1, s, d), key_cache (b, g, L, d), value_cache (b, g, L, dv)) ->
+(b, s, n * dv)``: q and k rotated, k and v written into the caches at the slots, then attention over the cache.
+Batch and heads may stay split (tensor parallel: each rank holds the cache slice of its key/value heads, split
+on the same axes as q's heads); the sequence, the head dim and the cache length are whole; the scatter and
+the written slots are replicated; the mask and the rotary rows keep the batch split. Partial inputs are
 reduced (nonlinear).
 
-``kv_cache_mask``: ``(cache_slots (s,), kv_valid (b, L)) -> (b, 1, s, L)``: the batch split of kv_valid kept.
+``kv_cache_step``: ``(position_ids (b, s), cache_slots (s,), kv_valid (b, L), cos, sin tables (P, 1, d)) ->
+(mask (b, 1, s, L), scatter (L, s), written (1, 1, L, 1), cos (b, 1, s, d), sin (b, 1, s, d))``: the batch split
+of the positions (or kv_valid) kept; the slots, the scatter and the tables replicated.
 """
 from __future__ import annotations
 
@@ -17,17 +20,22 @@ from .registry import RuleError, RuleResult, register_rule
 
 @register_rule("kv_cache_attention")
 def kv_cache_attention(layouts, shapes):
-    expect_inputs(layouts, 7)
-    qs, ks, vs, ss, mk, kc, vc = (tuple(s) for s in shapes)
+    expect_inputs(layouts, 10)
+    qs, ks, vs, mk, sc, wr, cs, sn, kc, vc = (tuple(s) for s in shapes)
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or ks[:3] != vs[:3] or qs[0] != ks[0] or qs[2] != ks[2] \
             or qs[3] != ks[3] or qs[1] % ks[1]:
         raise RuleError(f"needs q (b, n, s, d), k (b, g, s, d), v (b, g, s, dv) with g dividing n; got {qs}, {ks}, {vs}")
-    if ss != (qs[2],) or kc[:2] != ks[:2] or kc[3] != ks[3] or vc[:2] != vs[:2] or vc[3] != vs[3] or kc[2] != vc[2]:
-        raise RuleError(f"needs cache slots (s,) and caches (b, g, L, d) / (b, g, L, dv); got {ss}, {kc}, {vc}")
-    if mk not in ((qs[0], 1, qs[2], kc[2]), (1, 1, qs[2], kc[2])):
-        raise RuleError(f"the mask must have shape (b, 1, s, L) = {(qs[0], 1, qs[2], kc[2])}; got {mk}")
+    length = kc[2] if len(kc) == 4 else None
+    if len(kc) != 4 or kc[:2] != ks[:2] or kc[3] != ks[3] or vc[:2] != vs[:2] or vc[3] != vs[3] or kc[2] != vc[2]:
+        raise RuleError(f"needs caches (b, g, L, d) / (b, g, L, dv); got {kc}, {vc}")
+    if sc != (length, qs[2]) or wr != (1, 1, length, 1):
+        raise RuleError(f"needs scatter (L, s) = {(length, qs[2])} and written (1, 1, L, 1); got {sc}, {wr}")
+    if mk not in ((qs[0], 1, qs[2], length), (1, 1, qs[2], length)):
+        raise RuleError(f"the mask must have shape (b, 1, s, L) = {(qs[0], 1, qs[2], length)}; got {mk}")
+    if cs != sn or cs != (qs[0], 1, qs[2], qs[3]):
+        raise RuleError(f"the rotary rows must have shape (b, 1, s, d) = {(qs[0], 1, qs[2], qs[3])}; got {cs}, {sn}")
     mesh = common_mesh_layout(layouts)
-    src = next((l for l in layouts[:3] if l is not None), None) or next(l for l in layouts[5:] if l is not None)
+    src = next((l for l in layouts[:3] if l is not None), None) or next(l for l in layouts[8:] if l is not None)
     b_axes = tuple(src.dims[0])
     h_axes = tuple(a for a in src.dims[1] if a not in b_axes)
     split = 1
@@ -37,18 +45,24 @@ def kv_cache_attention(layouts, shapes):
         raise RuleError(f"{ks[1]} key/value heads are not divisible by the head split {split} (axes {list(h_axes)})")
     heads = make_layout(mesh, (b_axes, h_axes, (), ()))
     mask = make_layout(mesh, (b_axes if mk[0] == qs[0] else (), (), (), ()))
-    slots = make_layout(mesh, ((),))
+    rows = make_layout(mesh, (b_axes, (), (), ()))
+    scatter = make_layout(mesh, ((), ()))
+    written = make_layout(mesh, ((), (), (), ()))
     out = make_layout(mesh, (b_axes, (), h_axes))
-    return RuleResult((out,), (heads, heads, heads, slots, mask, heads, heads))
+    return RuleResult((out,), (heads, heads, heads, mask, scatter, written, rows, rows, heads, heads))
 
 
-@register_rule("kv_cache_mask")
-def kv_cache_mask(layouts, shapes):
-    expect_inputs(layouts, 2)
-    ss, vs = tuple(shapes[0]), tuple(shapes[1])
-    if len(ss) != 1 or len(vs) != 2:
-        raise RuleError(f"needs cache slots (s,) and kv_valid (b, L); got {ss}, {vs}")
+@register_rule("kv_cache_step")
+def kv_cache_step(layouts, shapes):
+    expect_inputs(layouts, 5)
+    ps, ss, vs = tuple(shapes[0]), tuple(shapes[1]), tuple(shapes[2])
+    if len(ps) != 2 or len(ss) != 1 or len(vs) != 2 or ps[1] != ss[0] or ps[0] != vs[0]:
+        raise RuleError(f"needs position ids (b, s), cache slots (s,) and kv_valid (b, L); got {ps}, {ss}, {vs}")
     mesh = common_mesh_layout(layouts)
-    b_axes = tuple(layouts[1].dims[0]) if layouts[1] is not None else ()
-    return RuleResult((make_layout(mesh, (b_axes, (), (), ())),),
-                      (make_layout(mesh, ((),)), make_layout(mesh, (b_axes, ()))))
+    given = layouts[0] if layouts[0] is not None else layouts[2]
+    b_axes = tuple(given.dims[0]) if given is not None else ()
+    table = make_layout(mesh, ((), (), ()))
+    batch4 = make_layout(mesh, (b_axes, (), (), ()))
+    outputs = (batch4, make_layout(mesh, ((), ())), make_layout(mesh, ((), (), (), ())), batch4, batch4)
+    return RuleResult(outputs, (make_layout(mesh, (b_axes, ())), make_layout(mesh, ((),)),
+                                make_layout(mesh, (b_axes, ())), table, table))
