@@ -140,6 +140,7 @@ BASE = dict(num_layers=2, hidden_size=32, num_heads=4, vocab_size=64, seq_length
     (dict(kv_lora_rank=None), {}, "kv_lora_rank"),
     ({}, {"model_parallel": 3}, "num_attention_heads"),
     (dict(qk_rope_head_dim=7), {}, "qk_rope_head_dim"),
+    ({}, {"model_parallel": 2, "use_seq_parallel": True}, "sequence_parallel"),     # not implemented with MLA
 ])
 def test_bad_sizes_are_named_before_anything_is_built(change, parallel, named):
     with pytest.raises(ValueError, match=named):
