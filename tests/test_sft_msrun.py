@@ -50,12 +50,14 @@ def run_one(argvs):
 def plan():
     """The output folders and the workers' argv (made once per process)."""
     base = tempfile.mkdtemp(prefix="sft_msrun_")
-    out = {k: os.path.join(base, k) for k in ("dp2", "one", "dp2_accumulate", "one_accumulate", "cp2")}
+    out = {k: os.path.join(base, k) for k in ("dp2", "one", "dp2_accumulate", "one_accumulate", "cp2", "pp2")}
     dp2 = [argv(out["dp2"], "--use_parallel", "True", "--parallel_config.data_parallel", 2),
            argv(out["dp2_accumulate"], "--use_parallel", "True", "--parallel_config.data_parallel", 2,
                 "--runner_config.gradient_accumulation_steps", 2, *SHORT),
            argv(out["cp2"], "--use_parallel", "True", "--parallel_config.context_parallel", 2,
-                "--runner_config.batch_size", 4, *SHORT)]
+                "--runner_config.batch_size", 4, *SHORT),
+           argv(out["pp2"], "--use_parallel", "True", "--parallel_config.pipeline_stage", 2,
+                "--parallel_config.micro_batch_num", 2, "--runner_config.batch_size", 2, *SHORT)]
     return out, dp2
 
 
@@ -70,7 +72,7 @@ def runs():
                                     "--runner_config.batch_size", 2)) == 0
     assert run_mindformer.main(argv(out["one_accumulate"], "--use_parallel", "False", "--parallel_config.data_parallel",
                                     1, "--runner_config.batch_size", 4, *SHORT)) == 0
-    assert DP2.results() == [[0, 0, 0], [0, 0, 0]]
+    assert DP2.results() == [[0, 0, 0, 0], [0, 0, 0, 0]]
     return out
 
 
@@ -122,5 +124,15 @@ def test_packed_rows_at_cp2_equal_one_process(runs):
     context_parallel 2 (ring, load-balanced storage order): the position and segment ids reach the cp kernel as
     the whole-sequence mask, and each step's loss is the one process's with the same 4 rows."""
     got, want = losses(runs["cp2"]), losses(runs["one_accumulate"])
+    assert len(want) == 2
+    assert_close(got, want)
+
+
+def test_packed_rows_through_pipeline_microbatches_equal_one_process(runs):
+    """pipeline_stage 2 with 2 microbatches of 2 packed rows (the YAML's jit): loss_mask, position_ids and
+    segment_ids go through the microbatches with the ids and labels (every stage takes the positions and
+    documents, the last the loss mask) and the microbatches are weighted by their unmasked tokens: each step's
+    loss is the one process's with the 4 rows at once."""
+    got, want = losses(runs["pp2"]), losses(runs["one_accumulate"])
     assert len(want) == 2
     assert_close(got, want)

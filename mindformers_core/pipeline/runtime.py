@@ -459,6 +459,7 @@ class _RunState:
     xs: Optional[Sequence]
     ys: Optional[Sequence]
     m: int
+    side: Optional[Sequence] = None    # per microbatch: a tuple of tensors every stage takes after its input
     acts: Dict[Tuple[int, int], Any] = field(default_factory=dict)
     grads: Dict[Tuple[int, int], Any] = field(default_factory=dict)
     saved: Dict[Tuple[int, int], Any] = field(default_factory=dict)
@@ -576,8 +577,11 @@ class PipelineRuntime:
             config.split_inputs(inputs, m) if has_first and inputs is not None else inputs,
             config.split_labels(labels, m) if has_last and labels is not None else labels)
 
-    def run_microbatches(self, xs=None, ys=None):
-        """``run`` on lists of ``micro_batch_num`` microbatches."""
+    def run_microbatches(self, xs=None, ys=None, side=None):
+        """``run`` on lists of ``micro_batch_num`` microbatches. ``side``: a list of ``micro_batch_num``
+        tuples of tensors every stage takes after its input (and before the labels on the last stage):
+        per-token data each stage needs, e.g. a packed row's position and segment ids; a label may be a
+        tuple too (e.g. labels and the loss mask)."""
         m = self.schedule.micro_batch_num
         for name, data, ends in (("inputs", xs, self.first_stages), ("labels", ys, self.last_stages)):
             mine = sorted(ends & set(self.stages))
@@ -587,7 +591,9 @@ class PipelineRuntime:
                                  f"{'none' if data is None else len(data)}"
                                  + (" (all of the step's microbatches: each route takes its own)"
                                     if self.routes is not None else ""))
-        run = _RunState(xs, ys, m)
+        if side is not None and len(side) != m:
+            raise ValueError(f"pipeline: side inputs for {len(side)} microbatches, the schedule runs {m}")
+        run = _RunState(xs, ys, m, side)
         self.memory = memory = MemoryStats(sorted(self.stages))
         for st in self.stages.values():
             # ops.zeros, not zeros_like: for a Parameter shrunk to its shard (set_data(slice_shape=True))
@@ -653,8 +659,11 @@ class PipelineRuntime:
             args = tuple(x) if isinstance(x, (tuple, list)) else (x,)  # first stage: several inputs
             nbytes = _nbytes(args)
             self.memory.save(s, nbytes)
+            if run.side is not None:
+                args = args + tuple(run.side[mb])
             if stage.is_last:
-                args = args + (run.ys[mb],)
+                y = run.ys[mb]
+                args = args + (tuple(y) if isinstance(y, (tuple, list)) else (y,))
             out = None
             if not stage.recomputes(self.mode):   # recorded: the backward uses this forward's record
                 try:

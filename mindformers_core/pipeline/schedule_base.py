@@ -113,9 +113,9 @@ class PipelineScheduleBase:
             cache[mode] = PipelineRuntime(self, mode)
         return cache[mode]
 
-    def run_microbatches(self, micro_inputs=None, micro_labels=None, mode: str = "pynative"):
+    def run_microbatches(self, micro_inputs=None, micro_labels=None, mode: str = "pynative", side=None):
         """Execute the local order on pre-split microbatches; see ``PipelineRuntime.run_microbatches``."""
-        return self.runtime(mode).run_microbatches(micro_inputs, micro_labels)
+        return self.runtime(mode).run_microbatches(micro_inputs, micro_labels, side)
 
     def run(self, inputs=None, labels=None, mode: str = "pynative", config=None):
         """Split the batch into ``micro_batch_num`` microbatches (``config``: a ``MicrobatchConfig``,

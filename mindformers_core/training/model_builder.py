@@ -76,7 +76,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
             chunk = spec.model_class(mcfg, pp_rank=k % shape.pp, vp_stage=k // shape.pp if shape.vpp > 1 else None,
                                      layers_per_stage=counts)
             _apply_lora(lora, chunk, mcfg, topo.rank, log)
-            _parallelize_stage(chunk, mcfg, k, topo, mesh, ids)
+            _parallelize_stage(chunk, mcfg, k, topo, mesh, ids, side=len(batch_samples(cfg, ids)) > 2)
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
                 p.name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", p.name)
@@ -195,10 +195,26 @@ def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Opt
     return [len(r) for r in topo.layer_ranges(int(cfg.model.model_config.num_layers), explicit)]
 
 
-def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarray) -> None:
+def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarray, side: bool = False) -> None:
     """Model stage ``s`` takes ids (first stage) or hidden states, and labels on the last stage;
     hidden states arrive split over dp, their sequence over cp (context parallel) and tp (SP), as
-    the previous stage's layers leave them; labels are split over dp and cp like the ids."""
+    the previous stage's layers leave them; labels are split over dp and cp like the ids. ``side``
+    (fine-tuning data): every stage also takes position_ids and segment_ids, the last the loss_mask, in
+    the model's argument order (training/steps.py ``_SideInputStage``)."""
+    if side:
+        dpx = "dp" if topo.dp > 1 else "None"
+        seq_axes = tuple(a for a, on in (("cp", topo.cp > 1), ("tp", mcfg.sequence_parallel)) if on)
+        seq = seq_axes if len(seq_axes) > 1 else (seq_axes[0] if seq_axes else "None")
+        tokens = mesh(dpx, "cp" if topo.cp > 1 else "None")
+        pos = np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1))
+        seg = np.zeros(ids.shape, np.int32)
+        last = s == topo.model_stage_num - 1
+        x = ids if s == 0 else np.zeros(ids.shape + (mcfg.hidden_size,), np.float32)
+        labels, mask = (ids, np.ones(ids.shape, np.float32)) if last else (None, None)
+        samples = (x, labels, mask, pos, seg)
+        layouts = [tokens if s == 0 else mesh(dpx, seq, "None")] + [tokens] * (4 if last else 2)
+        parallelize(chunk, mcfg, *samples, mesh=mesh, rank=topo.rank, input_layouts=layouts)
+        return
     if s == 0:
         parallelize(chunk, mcfg, ids, mesh=mesh, rank=topo.rank)
         return

@@ -5,7 +5,8 @@
 
 * where gradients come from: one ``value_and_grad`` of the model, or a pipeline schedule run over
   this rank's stages (the last stage's loss shared with every pipeline rank for logging; a
-  pipeline takes ``(ids, labels)`` only);
+  pipeline takes ``(ids, labels)``, and a fine-tuning batch's loss_mask / position_ids / segment_ids as the
+  runtime's side inputs, its microbatches weighted by their unmasked tokens: ``_StageFeed.microbatches``);
 * who reduces and updates: ``optim.GradientUpdate`` (reduce -> clip -> guard -> update) over our
   ``GradientReducer`` + ``ClipGradNorm`` + ``StepGuard`` + ``AdamW`` (``plain_step_fn``), or hsdp
   (``parallel.enable_parallel_optimizer``: ZeRO over the data-parallel axis; its step runs the same
@@ -136,8 +137,14 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     gradients pass through a factor the trainer sets to NaN at the chosen step (not with hsdp, which
     reduces inside its own step). ``batch_keys``: the names of the tensors ``step_fn`` takes, in order
     (checked here: a pipeline takes ``PIPELINE_BATCH`` only)."""
-    if shape.pp > 1:
+    side = shape.pp > 1 and _feeds_loss_mask(cfg)     # HFDataLoader's keys go through the microbatches
+    if shape.pp > 1 and not side:
         check_pipeline_batch(batch_keys)
+    if side and (shape.sharded_dp or topo.dualpipe):
+        raise ConfigError(["train_dataset HFDataLoader (loss_mask, position_ids, segment_ids) with "
+                           "parallel_config.pipeline_stage > 1 runs with the plain update and one-directional "
+                           "schedules; parallel.enable_parallel_optimizer (hsdp) and DualPipe do not carry those keys "
+                           "through their microbatches yet"])
     params = built.params
     guard = build_guard(cfg)
     lr = build_lr(cfg, total_steps)
@@ -145,8 +152,9 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     optimizer = AdamW(params, lr, betas=tuple(oc.betas), eps=float(oc.eps), weight_decay=float(oc.weight_decay))
     norms = _NormGroups(shape, topo, built)
     limit = clip_limit(float(cfg.runner_config.max_grad_norm))
-    stages, schedule = _pipeline_schedule(shape, topo, built) if shape.pp > 1 else (None, None)
-    feed = _StageFeed(topo, norms.pp_group, batch_keys) if schedule is not None else None
+    stages, schedule = _pipeline_schedule(shape, topo, built, side) if shape.pp > 1 else (None, None)
+    feed = _StageFeed(topo, norms.pp_group, batch_keys, TokenWeights(topo) if side else None) \
+        if schedule is not None else None
     k = shape.accumulate
     if shape.sharded_dp and k > 1 and _feeds_loss_mask(cfg):
         raise ConfigError([f"runner_config.gradient_accumulation_steps = {k} with a loss_mask "
@@ -329,7 +337,11 @@ class _PipelineGradients:
         self.schedule, self.stages, self.feed, self.mode = schedule, stages, feed, mode
 
     def __call__(self, *batch):
-        loss = self.schedule.run(*self.feed.inputs(batch), mode=self.mode)
+        if self.feed.weights is not None:     # loss_mask, position_ids, segment_ids through the microbatches
+            xs, ys, side = self.feed.microbatches(batch, self.schedule.micro_batch_num)
+            loss = self.schedule.run_microbatches(xs, ys, mode=self.mode, side=side)
+        else:
+            loss = self.schedule.run(*self.feed.inputs(batch), mode=self.mode)
         return self.feed.shared_loss(loss), tuple(g for st in self.stages for g in st.grads)
 
 
@@ -337,9 +349,35 @@ class _StageFeed:
     """What this rank's pipeline stages take and give: ids on the first stage, labels on the last,
     the loss (made on the last stage's ranks) shared with every pipeline rank for logging."""
 
-    def __init__(self, topo: Topology, pp_group, batch_keys: Sequence[str] = PIPELINE_BATCH):
+    def __init__(self, topo: Topology, pp_group, batch_keys: Sequence[str] = PIPELINE_BATCH,
+                 weights: Optional[TokenWeights] = None):
         self.first, self.last, self.pp_group = topo.holds_first_stage, topo.holds_last_stage, pp_group
         self.batch_keys = tuple(batch_keys)
+        self.weights = weights
+
+    def microbatches(self, batch: Sequence, m: int):
+        """A fine-tuning batch (ids, labels, loss_mask[, position_ids[, segment_ids]]) as the runtime's
+        microbatches: ids to the first stage; (labels, loss_mask, weight) to the last, the weight ``m N_i / N``
+        (``TokenWeights``: microbatch ``i``'s share of the step's unmasked tokens over dp and cp; the stage
+        objective divides by ``m``); (position_ids, segment_ids) to every stage (absent: 0..s-1 and one
+        document per row)."""
+        import numpy as np
+        from mindspore import Tensor
+        ids, labels = batch[0], batch[1]
+        b, seq = ids.shape
+        extra = list(batch[2:]) + [None] * (5 - len(batch))
+        mask, pos, seg = extra
+        if mask is None:
+            mask = Tensor(np.ones((b, seq), np.float32))
+        if pos is None:
+            pos = Tensor(np.tile(np.arange(seq, dtype=np.int32), (b, 1)))
+        if seg is None:
+            seg = Tensor(np.zeros((b, seq), np.int32))
+        micros = list(micro_slices((ids, labels, mask, pos, seg), m))
+        w = self.weights(micros) or [1.0] * m
+        xs = [mb[0] for mb in micros] if self.first else None
+        ys = [(mb[1], mb[2], Tensor(np.float32(w[i]))) for i, mb in enumerate(micros)] if self.last else None
+        return xs, ys, [(mb[3], mb[4]) for mb in micros]
 
     def inputs(self, batch: Sequence):
         if len(batch) != len(PIPELINE_BATCH):
@@ -355,12 +393,31 @@ class _StageFeed:
         return comm.all_reduce(loss, "sum", self.pp_group)
 
 
-def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel):
-    """This rank's ``PipelineStage`` objects and the configured schedule over them."""
+class _SideInputStage(nn.Cell):
+    """A model stage fed (input, position_ids, segment_ids[, labels, loss_mask, weight]) by the runtime (side
+    inputs, ``_StageFeed.microbatches``): the model chunk takes them in its own argument order; the last stage's
+    loss is weighted by its microbatch's token share."""
+
+    def __init__(self, chunk: nn.Cell, last: bool):
+        super().__init__(auto_prefix=False)
+        self.chunk, self.last = chunk, last
+
+    def construct(self, x, position_ids, segment_ids, labels=None, loss_mask=None, weight=None):
+        if self.last:
+            return self.chunk(x, labels, loss_mask, position_ids, segment_ids) * weight
+        return self.chunk(x, None, None, position_ids, segment_ids)
+
+
+def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side: bool = False):
+    """This rank's ``PipelineStage`` objects and the configured schedule over them (``side``: the stages take
+    the fine-tuning batch's per-token keys, ``_SideInputStage``)."""
     from ..pipeline.runtime import PipelineStage
+    last = topo.model_stage_num - 1
+    chunks = [_SideInputStage(c, topo.model_stage(s) == last) if side else c
+              for c, s in zip(built.chunks, topo.stages)]
     stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks,
                             loss_in_cell=topo.model_stage(s) == topo.model_stage_num - 1)
-              for chunk, s in zip(built.chunks, topo.stages)]
+              for chunk, s in zip(chunks, topo.stages)]
     # DualPipe (ScheduleDualPipe): stages r and 2p-1-r; the runtime gives the up copy the down copy's
     # weights before its first run and sums the two copies' gradients after every run
     return stages, build_schedule(shape.scheduler, stages, shape.micro_batch_num)
