@@ -70,35 +70,47 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--env", nargs="+", default=[], metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
+                        help="also run every row with these environment settings (one variant each, interleaved "
+                             "with the plain row), labelled LABEL in the table")
     parser.add_argument("--assets", default=os.path.join(ROOT, "bench", "results", "trainer_assets"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "step_breakdown.json"))
     args = parser.parse_args()
     paths = assets(args.assets)
+    variants = [("", {})]
+    for spec in args.env:
+        label, _, pairs = spec.partition(":")
+        if not label or "=" not in pairs:
+            parser.error(f"--env {spec!r}: expected LABEL:NAME=VALUE[,NAME=VALUE]")
+        variants.append((label, dict(kv.split("=", 1) for kv in pairs.split(","))))
     runs = []
     loads = [uptime()]
     for repeat in range(args.repeats):
         for mode in args.modes:
-            for name in args.configs:
-                start = time.time()
-                out_dir = tempfile.mkdtemp(prefix=f"bench_breakdown_{name}_{mode}_")
-                per_rank = run_msrun("bench.step_breakdown_body:run", CONFIGS[name][0],
-                                     kwargs={"argv": argv_of(name, mode, paths, out_dir), "rounds": args.rounds,
-                                             "warmup": args.warmup}, timeout=1200)
-                runs.append({"config": name, "mode": mode, "repeat": repeat, "ranks": per_rank,
-                             "derived": [derive(r) for r in per_rank], "load": os.getloadavg()[0]})
-                print(f"# {name} {mode} run {repeat + 1}/{args.repeats}: {time.time() - start:.0f} s, "
-                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+            for base in args.configs:
+                for label, env in variants:
+                    name = f"{base}{'+' + label if label else ''}"
+                    start = time.time()
+                    out_dir = tempfile.mkdtemp(prefix=f"bench_breakdown_{base}_{mode}_")
+                    per_rank = run_msrun("bench.step_breakdown_body:run", CONFIGS[base][0],
+                                         kwargs={"argv": argv_of(base, mode, paths, out_dir), "rounds": args.rounds,
+                                                 "warmup": args.warmup}, timeout=1200, env=env)
+                    runs.append({"config": name, "mode": mode, "repeat": repeat, "env": env, "ranks": per_rank,
+                                 "derived": [derive(r) for r in per_rank], "load": os.getloadavg()[0]})
+                    print(f"# {name} {mode} run {repeat + 1}/{args.repeats}: {time.time() - start:.0f} s, "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    names = list(dict.fromkeys(r["config"] for r in runs))
     loads.append(uptime())
     print()
     print("per rank, per step, ms (median over the repeats of each run's median; [min-max] for step); CPU s per step "
           "of the process, CPU/wall of the step, of forward+backward alone (fb) and of the update alone")
     print(f"load: {loads[0]}  ->  {loads[-1]}")
-    head = f"{'config':<7}{'mode':<9}{'rank':>4}" + "".join(f"{h:>10}" for h in HEADS)
+    head = f"{'config':<14}{'mode':<9}{'rank':>4}" + "".join(f"{h:>10}" for h in HEADS)
     print(head)
     print("-" * len(head))
     summary = []
     for mode in args.modes:
-        for name in args.configs:
+        for name in names:
             rs = [r for r in runs if r["config"] == name and r["mode"] == mode]
             for rank in range(len(rs[0]["derived"])):
                 vals = {k: [r["derived"][rank][k] for r in rs] for k in COLUMNS}
@@ -110,13 +122,13 @@ def main():
                     v = med[k]
                     cells.append(f"{v:>10.2f}" if k.startswith("cpu_per") else
                                  f"{v:>10.2f}" if k == "cpu_step" else f"{v * 1e3:>10.0f}")
-                print(f"{name:<7}{mode:<9}{rank:>4}" + "".join(cells)
+                print(f"{name:<14}{mode:<9}{rank:>4}" + "".join(cells)
                       + f"   step [{min(vals['step']) * 1e3:.0f}-{max(vals['step']) * 1e3:.0f}]")
     print()
     print("collectives per step (rank 0 of the last run of each row): kind shape x count in grads / in update, "
           "alone ms")
     for mode in args.modes:
-        for name in args.configs:
+        for name in names:
             last = [r for r in runs if r["config"] == name and r["mode"] == mode][-1]
             for c in last["ranks"][0]["collectives"]:
                 alone = f"{c['alone_s'] * 1e3:.2f}" if c["alone_s"] is not None else "-"
