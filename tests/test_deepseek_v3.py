@@ -179,3 +179,18 @@ def test_select_recompute_of_the_up_projections_keeps_loss_and_gradients():
         out.append((float(loss.asnumpy()), [g.asnumpy() for g in grads]))
     assert out[0][0] == out[1][0] and np.isfinite(out[0][0])
     assert all(np.array_equal(a, b) for a, b in zip(out[0][1], out[1][1]))
+
+
+def test_positions_as_inputs_rotate_as_the_constant_tables_with_yarn_and_interleaving():
+    """PositionRotary (packed documents, the KV cache's rotary) with the YaRN folder's config: positions 0..s-1
+    given as inputs give exactly the constant tables' rotation; other positions give another one."""
+    from mindformers_core.transformer.rotary import PositionRotary, RotaryEmbedding
+    config = model_of("deepseek_v3_yarn").config
+    kind = config.rotary_scaling.get("rope_type", config.rotary_scaling.get("type"))
+    assert config.rotary_interleaved and kind == "yarn"
+    x = ms.Tensor(np.random.default_rng(0).standard_normal((2, 16, 4, 8)).astype(np.float32))
+    pos = np.tile(np.arange(16, dtype=np.int32), (2, 1))
+    table = RotaryEmbedding(config, 8)(x).asnumpy()
+    by_position = PositionRotary(config, 8)
+    assert np.array_equal(by_position(x, ms.Tensor(pos)).asnumpy(), table)
+    assert np.abs(by_position(x, ms.Tensor(pos[:, ::-1].copy())).asnumpy() - table).max() > 1e-2
