@@ -1,8 +1,9 @@
 """The DeepSeek-V3 fixture folder (saved by transformers) loaded straight onto parallel layouts and fine-tuned
 under msrun equals one process: the losses of a 2-step fine-tune through ``run_mindformer.main`` (the first is
 the loaded model's own; the second follows an AdamW step and the expert-bias update) agree with one process to a
-relative 1e-5 with multi-latent attention's heads split over tp (jit), the sequence split over cp with the ring
-kernel (PyNative) and the experts split over ep (jit). A frozen tp2 run (learning rate 0) exports the folder back
+relative 1e-5 with multi-latent attention's heads split over tp (PyNative), the sequence split over cp with the
+ring kernel (PyNative) and the experts split over ep (jit: one compile of the whole model, ~90 s of a loaded
+machine's 2-worker launch; a second one for tp2 was more than the suite's budget could give). A frozen tp2 run (learning rate 0) exports the folder back
 bitwise through ``--export_hf_dir`` (the expert bias moved by its own update rule, which the lr does not stop).
 
 The four runs are one job (``run_many``) of the suite's batched 2-worker launch (tests/msrun_batch.py); the
@@ -62,10 +63,10 @@ def plan():
     """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
     base = tempfile.mkdtemp(prefix="ds3_msrun_")
     config = hf_yaml(base)
-    out = {k: os.path.join(base, k) for k in ("p1_pynative", "tp2_jit", "cp2_pynative", "ep2_jit",
+    out = {k: os.path.join(base, k) for k in ("p1_pynative", "tp2_pynative", "cp2_pynative", "ep2_jit",
                                               "tp2_frozen", "tp2_export")}
     two = [argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
-           argv(config, out["tp2_jit"], "--mode", 0, *STEPS, *QUIET, *TP2),
+           argv(config, out["tp2_pynative"], "--mode", 1, *STEPS, *QUIET, *TP2),
            argv(config, out["cp2_pynative"], "--mode", 1, *STEPS, *QUIET, *CP2),
            argv(config, out["tp2_frozen"], "--mode", 1, *FROZEN, *QUIET, *TP2, "--export_hf_dir", out["tp2_export"])]
     return config, out, two
@@ -89,7 +90,7 @@ def losses(out):
     return [r["loss"] for r in records(out)]
 
 
-@pytest.mark.parametrize("job, mode", [("tp2", "jit"), ("cp2", "pynative"), ("ep2", "jit")])
+@pytest.mark.parametrize("job, mode", [("tp2", "pynative"), ("cp2", "pynative"), ("ep2", "jit")])
 def test_loaded_and_fine_tuned_on_workers_equals_one_process(runs, job, mode):
     one = losses(runs["p1_pynative"])
     assert len(one) == 2 and all(np.isfinite(one)) and abs(one[1] - one[0]) > 1e-4
