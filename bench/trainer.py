@@ -201,7 +201,11 @@ class RssWatch:
         ``first`` steps logged and the last sample with more (the timed steps; the window edges
         are as fine as the sampling period). None without samples."""
         start = next((x for x in self.samples if x[1] >= first), None)
-        end = next((x for x in reversed(self.samples) if start and x[1] > start[1]), None)
+        # the first sample showing the most steps logged while every process of the start is alive
+        # (later samples hold the job's teardown; a rank may exit before rank 0 logs the last step)
+        alive = [x for x in self.samples if start and x[0] >= start[0] and set(start[2]) <= set(x[2])]
+        most = max((x[1] for x in alive), default=None)
+        end = next((x for x in alive if x[1] == most and most > start[1]), None)
         if start is None or end is None:
             return None
         wall, steps = end[0] - start[0], end[1] - start[1]
