@@ -1,7 +1,8 @@
 """Parallel predict under msrun through ``run_mindformer.main`` (``run_mode: predict``, ``--use_parallel True``,
-model_parallel 2) on the Qwen3-MoE fixture (GQA, q/k norm, experts): the three fixture prompts from a file in
-batches of 2 (the second batch: one prompt, left-padded to the longest of all and filled up with a copy, its
-text streamed) give transformers' greedy ids in rank 0's predict_results.jsonl, in PyNative and jit; every
+model_parallel 2) on the Qwen3-MoE fixture (GQA, q/k norm, experts): the three fixture prompts from a file
+(PyNative: one batch, 8 new tokens; jit: batches of 2, the second one prompt left-padded to the longest of all
+and filled up with a copy, its text streamed, 32 new tokens) give transformers' greedy ids in rank 0's
+predict_results.jsonl; every
 decode step's logits on each rank = a full one-process forward over the same prefix (1e-5 of the largest);
 each rank holds the KV-cache slice of its key/value heads and half the query projection; only rank 0 prints.
 
@@ -22,6 +23,9 @@ pytestmark = pytest.mark.msrun
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "tests", "data", "hf", "qwen3_moe")
 MODES = {"pynative": 1, "jit": 0}
+# PyNative (the slow mode): the three prompts as one batch, 8 new tokens (the YAML's max_new_tokens); jit: batches
+# of 2 (the second padded to the run's longest prompt and filled up with a copy), all 32 new tokens
+RUNS = {"pynative": {"batch": 3, "new": 8}, "jit": {"batch": 2, "new": 32}}
 
 
 def predict_yaml(root: str) -> str:
@@ -56,7 +60,8 @@ def plan():
         f.write("\n".join(texts) + "\n")
     out = {mode: os.path.join(base, mode) for mode in MODES}
     argvs = [["--config", config, "--output_dir", out[mode], "--run_mode", "predict", "--use_parallel", "True",
-              "--parallel_config.model_parallel", "2", "--predict_data", prompts, "--predict_batch_size", "2",
+              "--parallel_config.model_parallel", "2", "--predict_data", prompts, "--predict_batch_size",
+              str(RUNS[mode]["batch"]), "--model.model_config.max_new_tokens", str(RUNS[mode]["new"]),
               "--context.mode", str(flag)] for mode, flag in MODES.items()]
     return out, argvs
 
@@ -93,7 +98,7 @@ def _model():
 @pytest.mark.parametrize("mode", MODES)
 def test_tp2_predict_writes_transformers_ids_and_only_rank0_prints(runs, mode):
     ref, tok, ids, texts = fixture_prompts()
-    want = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
+    want = [[int(t) for t in ref[f"generated_{i}"]][:len(ids[i]) + RUNS[mode]["new"]] for i in range(3)]
     rows = [json.loads(line) for line in open(os.path.join(plan()[0][mode], "predict_results.jsonl"))]
     assert [r["prompt"] for r in rows] == texts
     assert [r["token_ids"] for r in rows] == want
@@ -101,7 +106,7 @@ def test_tp2_predict_writes_transformers_ids_and_only_rank0_prints(runs, mode):
     rank0, rank1 = (r["printed"] for r in runs[mode])
     for r in rows:
         assert r["text"] in rank0 and r["text"] not in rank1
-    assert rank0.rstrip().endswith(rows[2]["text"])          # the one-prompt batch, streamed
+    assert rank0.rstrip().endswith(rows[2]["text"])          # jit: the one-prompt batch, streamed
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -112,16 +117,21 @@ def test_tp2_every_step_equals_a_one_process_full_forward(runs, mode):
     heads = json.load(open(os.path.join(FOLDER, "config.json")))["num_key_value_heads"]
     for rank, res in enumerate(runs[mode]):
         calls = res["calls"]
-        assert len(calls) == 2                                # prompts 0, 1; then prompt 2 and its filler
-        rows = [(0, 0, 0), (0, 1, 1), (1, 0, 2)]              # (call, row in the batch, prompt)
-        for call, row, i in rows:
-            got = calls[call]["logits"][:, row, :]            # (steps, vocab): prefill, then 31 decode steps
+        if RUNS[mode]["batch"] == 3:                          # one batch of the three prompts
+            rows = [(0, 0, 0), (0, 1, 1), (0, 2, 2)]
+        else:                                                 # prompts 0, 1; then prompt 2 and its filler
+            rows = [(0, 0, 0), (0, 1, 1), (1, 0, 2)]
+        assert len(calls) == rows[-1][0] + 1
+        for call, row, i in rows:                             # (call, row in the batch, prompt)
+            got = calls[call]["logits"][:, row, :]            # (steps, vocab): prefill, then the decode steps
+            assert got.shape[0] == RUNS[mode]["new"]
             n = len(ids[i])
             one = full[i][n - 1:n - 1 + got.shape[0]]
             err = np.abs(got - one).max() / np.abs(one).max()
             assert err <= 1e-5, f"rank {rank} {mode} prompt {i}: logits {err:.2e}"
         b, g, length, d = calls[0]["cache"]
-        assert (b, g * 2) == (2, heads) and length == 12 + 32  # the longest prompt + the new tokens
+        assert (b, g * 2) == (RUNS[mode]["batch"], heads)      # this rank's key/value heads only
+        assert length == 12 + RUNS[mode]["new"]                # the longest prompt + the new tokens
         rows_in, cols_out = _q_shape()                           # (hidden, heads x head_dim): columns split
         assert calls[0]["linear_q"] == (rows_in, cols_out // 2)
 
