@@ -2,11 +2,12 @@
 model_parallel 2) on the Qwen3-MoE fixture (GQA, q/k norm, experts): the three fixture prompts from a file
 (PyNative: one batch, 8 new tokens; jit: batches of 2, the second one prompt left-padded to the longest of all
 and filled up with a copy, its text streamed, 32 new tokens) give transformers' greedy ids in rank 0's
-predict_results.jsonl; every
-decode step's logits on each rank = a full one-process forward over the same prefix (1e-5 of the largest);
-each rank holds the KV-cache slice of its key/value heads and half the query projection; only rank 0 prints.
+predict_results.jsonl; every decode step's logits on each rank = a full one-process forward over the same
+prefix (1e-5 of the largest); each rank holds the KV-cache slice of its key/value heads and half the query
+projection; only rank 0 prints.
 
-One job in the suite's batched 2-worker launch (tests/msrun_batch.py): both modes run in turn (``run_many``)."""
+One job in the suite's batched 2-worker launch (tests/msrun_batch.py): both modes run in turn
+(tests/bodies/generation_tp_body.py records every step)."""
 import functools
 import json
 import os
