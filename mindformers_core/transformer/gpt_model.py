@@ -151,10 +151,11 @@ class GPTModel(nn.Cell):
 
     def decode(self, input_ids, position_ids, cache_slots, kv_mask, last_only=False):
         """Generation against the KV caches attached to the attention layers (``generation.cache``): logits
-        (b, s, vocab) of ``input_ids`` (b, s) at rotary positions ``position_ids`` (b, s), their keys and
-        values written at cache slots ``cache_slots`` (s,), attending under ``kv_mask`` (b, 1, s, L);
-        ``last_only``: the logits of the last column only, (b, 1, vocab). Needs the whole model (no pipeline
-        stage)."""
+        (b, s, vocab) of ``input_ids`` (b, s); ``cache_slots`` = the step's ``(scatter, written)`` and
+        ``kv_mask`` = its ``(mask, cos, sin)`` (``kv_cache.CacheStep``, once per step: the slots written, the
+        mask (b, 1, s, L), the rotary rows of the positions); ``position_ids`` is passed on unread by the
+        cached attention; ``last_only``: the logits of the last column only, (b, 1, vocab). Needs the whole
+        model (no pipeline stage)."""
         x = self.embedding(input_ids)
         x = self.decoder(x, position_ids, None, cache_slots, kv_mask)
         if self.returns_aux:
