@@ -291,10 +291,15 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
         output += f"\nkilled after {timeout} s"
     rss = watch.finish()
     cpu = watch.cpu_window(warmup)
-    if proc.returncode != 0:
+    loss_log = os.path.join(out_dir, "loss.jsonl")
+    records = []
+    if os.path.exists(loss_log):
+        with open(loss_log) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    if proc.returncode != 0 and len(records) < steps:
         raise RuntimeError(f"{name} {mode}: exit {proc.returncode}\n{output[-4000:]}")
-    with open(os.path.join(out_dir, "loss.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    if proc.returncode != 0:     # every step logged, then a worker died on the way out (MindSpore's teardown)
+        print(f"# {name} {mode}: all {steps} steps logged, then exit {proc.returncode} (kept)", flush=True)
     traces = {}
     for r in range(workers):
         path = f"{prefix}.rank{r}.jsonl"
