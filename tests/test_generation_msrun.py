@@ -4,7 +4,11 @@ model_parallel 2) on the Qwen3-MoE fixture (GQA, q/k norm, experts): the three f
 and filled up with a copy, its text streamed, 32 new tokens) give transformers' greedy ids in rank 0's
 predict_results.jsonl; every decode step's logits on each rank = a full one-process forward over the same
 prefix (1e-5 of the largest); each rank holds the KV-cache slice of its key/value heads and half the query
-projection; only rank 0 prints.
+projection; only rank 0 prints. The DeepSeek-V3 fixture in PyNative (multi-latent attention's compressed cache,
+interleaved rope, noaux_tc experts), one batch of the three prompts and 6 new tokens (its jit cache path is proven
+by tests/test_generation.py on one process): transformers'
+ids, the one-process full forward's logits, each rank the whole latent cache (every head needs the latents)
+and half of the q up-projection.
 
 One job in the suite's batched 2-worker launch (tests/msrun_batch.py): both modes run in turn
 (tests/bodies/generation_tp_body.py records every step)."""
@@ -23,28 +27,29 @@ from tests.msrun_batch import job
 pytestmark = pytest.mark.msrun
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "tests", "data", "hf", "qwen3_moe")
+DEEPSEEK = os.path.join(ROOT, "tests", "data", "hf", "deepseek_v3")
 MODES = {"pynative": 1, "jit": 0}
 # PyNative (the slow mode): the three prompts as one batch, 8 new tokens (the YAML's max_new_tokens); jit: batches
 # of 2 (the second padded to the run's longest prompt and filled up with a copy), all 32 new tokens
 RUNS = {"pynative": {"batch": 3, "new": 8}, "jit": {"batch": 2, "new": 32}}
 
 
-def predict_yaml(root: str) -> str:
+def predict_yaml(root: str, folder: str = FOLDER) -> str:
     """configs/llama_tiny.yaml with the model, weights and tokenizer taken from the folder."""
     with open(os.path.join(ROOT, "configs", "llama_tiny.yaml")) as f:
         raw = yaml.safe_load(f)
     raw["model"] = {"model_config": {"seq_length": 16}}
     raw["train_dataset"].pop("tokenizer_file", None)
-    raw["pretrained_model_dir"] = raw["load_checkpoint"] = FOLDER
-    path = os.path.join(root, "predict.yaml")
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = folder
+    path = os.path.join(root, f"predict_{os.path.basename(folder)}.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(raw, f)
     return path
 
 
-def fixture_prompts():
-    ref = np.load(os.path.join(FOLDER, "reference.npz"))
-    tok = build_tokenizer("hf", FOLDER)
+def fixture_prompts(folder=FOLDER):
+    ref = np.load(os.path.join(folder, "reference.npz"))
+    tok = build_tokenizer("hf", folder)
     ids = [[int(t) for t in ref[f"prompt_{i}"]] for i in range(3)]
     texts = [tok.decode(p[1:]) for p in ids]                 # BOS first, then the text
     return ref, tok, ids, texts
@@ -64,6 +69,14 @@ def plan():
               "--parallel_config.model_parallel", "2", "--predict_data", prompts, "--predict_batch_size",
               str(RUNS[mode]["batch"]), "--model.model_config.max_new_tokens", str(RUNS[mode]["new"]),
               "--context.mode", str(flag)] for mode, flag in MODES.items()]
+    _, _, _, ds_texts = fixture_prompts(DEEPSEEK)
+    ds_prompts = os.path.join(base, "deepseek_prompts.txt")
+    with open(ds_prompts, "w") as f:
+        f.write("\n".join(ds_texts) + "\n")
+    out["deepseek"] = os.path.join(base, "deepseek")
+    argvs.append(["--config", predict_yaml(base, DEEPSEEK), "--output_dir", out["deepseek"], "--run_mode", "predict",
+                  "--use_parallel", "True", "--parallel_config.model_parallel", "2", "--predict_data", ds_prompts,
+                  "--predict_batch_size", "3", "--model.model_config.max_new_tokens", "6", "--context.mode", "1"])
     return out, argvs
 
 
@@ -75,23 +88,23 @@ TP2 = job("generation_predict_tp2", 2, "tests.bodies.generation_tp_body:run", la
 def runs():
     results = TP2.results()
     assert len(results) == 2
-    assert [[r["code"] for r in rank] for rank in results] == [[0, 0], [0, 0]]
-    return {mode: [rank[i] for rank in results] for i, mode in enumerate(MODES)}
+    assert [[r["code"] for r in rank] for rank in results] == [[0, 0, 0], [0, 0, 0]]
+    return {mode: [rank[i] for rank in results] for i, mode in enumerate([*MODES, "deepseek"])}
 
 
-def full_forward_logits(ids):
+def full_forward_logits(ids, folder=FOLDER):
     """Logits (n, vocab) of the one-process model over a row's whole sequence (positions as inputs, no cache,
     PyNative)."""
     import mindspore as ms
     x = ms.Tensor(np.asarray(ids, np.int32)[None])
     pos = ms.Tensor(np.arange(len(ids), dtype=np.int32)[None])
-    return _model()(x, None, None, pos).asnumpy()[0]
+    return _model(folder)(x, None, None, pos).asnumpy()[0]
 
 
 @functools.lru_cache(maxsize=None)
-def _model():
+def _model(folder=FOLDER):
     from mindformers_core.models.hf.pretrained import from_pretrained
-    model = from_pretrained(FOLDER, seq_length=64)
+    model = from_pretrained(folder, seq_length=64)
     model.set_train(False)
     return model
 
@@ -139,3 +152,21 @@ def test_tp2_every_step_equals_a_one_process_full_forward(runs, mode):
 
 def _q_shape():
     return tuple(dict(_model().parameters_and_names())["decoder.layers.0.self_attention.linear_q.weight"].shape)
+
+
+def test_tp2_deepseek_v3_decodes_from_the_compressed_cache(runs):
+    ref, _, ids, texts = fixture_prompts(DEEPSEEK)
+    want = [[int(t) for t in ref[f"generated_{i}"]][:len(ids[i]) + 6] for i in range(3)]
+    rows = [json.loads(line) for line in open(os.path.join(plan()[0]["deepseek"], "predict_results.jsonl"))]
+    assert [r["prompt"] for r in rows] == texts and [r["token_ids"] for r in rows] == want
+    config = json.load(open(os.path.join(DEEPSEEK, "config.json")))
+    q_up = dict(_model(DEEPSEEK).parameters_and_names())["decoder.layers.0.self_attention.linear_q_up_proj.weight"]
+    for rank, res in enumerate(runs["deepseek"]):
+        [call] = res["calls"]
+        assert call["cache"] == (3, 1, 12 + 6, config["kv_lora_rank"])      # the whole latent on every rank
+        assert call["linear_q"] == (q_up.shape[0], q_up.shape[1] // 2)      # its heads split
+        for i in range(3):
+            n = len(ids[i])
+            one = full_forward_logits(want[i], DEEPSEEK)[n - 1:n - 1 + 6]
+            err = np.abs(call["logits"][:, i, :] - one).max() / np.abs(one).max()
+            assert err <= 1e-5, f"rank {rank} prompt {i}: logits {err:.2e}"

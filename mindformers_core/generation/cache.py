@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import List
 
 from ..transformer.attention import SelfAttention
-from ..transformer.kv_cache import KVCache
+from ..transformer.kv_cache import KVCache, LatentKVCache
+from ..transformer.mla import MultiLatentAttention
 
 
 def attention_layers(model) -> List[SelfAttention]:
-    found = [cell for _, cell in model.cells_and_names() if isinstance(cell, SelfAttention)]
+    found = [cell for _, cell in model.cells_and_names() if isinstance(cell, (SelfAttention, MultiLatentAttention))]
     if not found:
         raise ValueError(f"{type(model).__name__}: no SelfAttention layer to hold a KV cache (generation needs a "
                          "GPTModel-family model)")
@@ -16,12 +17,16 @@ def attention_layers(model) -> List[SelfAttention]:
 
 
 def attach_kv_cache(model, batch_size: int, max_length: int) -> List[KVCache]:
-    """One cache of ``max_length`` slots for ``batch_size`` rows per attention layer; the cache Parameters are
-    named after the layer that holds them (unique names for graphs and plans)."""
+    """One cache of ``max_length`` slots for ``batch_size`` rows per attention layer (multi-latent attention:
+    its compressed ``LatentKVCache``); the cache Parameters are named after the layer that holds them (unique
+    names for graphs and plans)."""
     config = model.config
     caches = []
     for att in attention_layers(model):
-        att.kv_cache = KVCache(config, batch_size, max_length, value_dim=config.head_dim)
+        if isinstance(att, MultiLatentAttention):       # the compressed cache: latents and the shared rotary key
+            att.kv_cache = LatentKVCache(config, batch_size, max_length)
+        else:
+            att.kv_cache = KVCache(config, batch_size, max_length, value_dim=config.head_dim)
         caches.append(att.kv_cache)
     set_cache_names(model)
     return caches

@@ -76,12 +76,54 @@ class KVCache(nn.Cell):
     def write(self, k, v, scatter, written):
         """The cache with k, v (b, g, s, d) written where ``scatter`` (L, s) puts them (slots ``written``);
         stored and returned."""
-        keys = ops.select(ops.broadcast_to(written, self.key_cache.shape), ops.matmul(scatter, k), self.key_cache)
-        values = ops.select(ops.broadcast_to(written, self.value_cache.shape), ops.matmul(scatter, v),
-                            self.value_cache)
-        keys = ops.depend(keys, ops.assign(self.key_cache, keys))
-        values = ops.depend(values, ops.assign(self.value_cache, values))
-        return keys, values
+        return write_slots(self.key_cache, k, scatter, written), write_slots(self.value_cache, v, scatter, written)
+
+
+def write_slots(cache, x, scatter, written):
+    """``cache`` (b, g, L, d) with x (b, g, s, d) written where ``scatter`` (L, s) puts its columns (slots
+    ``written`` (1, 1, L, 1)); assigned to the cache Parameter and returned."""
+    full = ops.select(ops.broadcast_to(written, cache.shape), ops.matmul(scatter, x), cache)
+    return ops.depend(full, ops.assign(cache, full))
+
+
+class LatentKVCache(nn.Cell):
+    """Multi-latent attention's compressed cache (``transformer/mla.py``): per token the normed kv latent
+    (kv_lora_rank numbers) and the one rotated rotary key shared by every head (qk_rope_head_dim), instead of
+    every head's key and value -- what makes MLA's cache small. Each step the keys and values of all ``L``
+    slots are up-projected again from the cached latents (by the layer's own ``linear_kv_up_proj``, outside
+    this Cell, so tensor parallelism splits that projection's heads as in training).
+
+    ``(q_rot (b, n, s, dr), latent (b, 1, s, r), k_rot (b, 1, s, dr), scatter (L, s), written (1, 1, L, 1),
+    cos, sin (b, 1, s, dr)) -> (q_rot rotated, latents (b, 1, L, r), rotated keys (b, 1, L, dr))``: q's and k's
+    rotary parts rotated at the step's positions, the latent and the rotated key written at the step's slots.
+    One op for the sharding pass (``latent_kv_cache``): q's heads may be split; the latents are whole on
+    every rank (the batch may be split)."""
+    sharding_op = "latent_kv_cache"
+    sharding_params = ("latent_cache", "rope_cache")
+
+    def __init__(self, config: TransformerConfig, batch_size: int, max_length: int, name: str = "kv_cache"):
+        super().__init__()
+        self.max_length = int(max_length)
+        rotation = _Rotary(config, config.qk_pos_emb_head_dim)
+        self.half, self.rotary_dim, self.partial = rotation.half, rotation.rotary_dim, rotation.partial
+        self.rotate_low, self.interleaved = rotation.low_precision, rotation.interleaved
+        dtype = config.ms_compute_dtype
+        self.latent_cache = Parameter(ops.zeros((batch_size, 1, self.max_length, config.kv_lora_rank), dtype),
+                                      name=f"{name}.latent_cache", requires_grad=False)
+        self.rope_cache = Parameter(ops.zeros((batch_size, 1, self.max_length, config.qk_pos_emb_head_dim), dtype),
+                                    name=f"{name}.rope_cache", requires_grad=False)
+
+    def sharding_attrs(self) -> dict:
+        return {}
+
+    def shard(self, config):
+        return None, None, None
+
+    def construct(self, q_rot, latent, k_rot, scatter, written, cos, sin):
+        q_rot = rotate(q_rot, cos, sin, self.half, self.rotary_dim, self.partial, self.rotate_low, self.interleaved)
+        k_rot = rotate(k_rot, cos, sin, self.half, self.rotary_dim, self.partial, self.rotate_low, self.interleaved)
+        return (q_rot, write_slots(self.latent_cache, latent, scatter, written),
+                write_slots(self.rope_cache, k_rot, scatter, written))
 
 
 class CacheStep(nn.Cell):

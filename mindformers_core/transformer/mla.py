@@ -146,7 +146,7 @@ class MultiLatentAttention(nn.Cell):
     """(b, s, h) -> (b, s, h). Built from an :class:`MLATransformerConfig` (``AttentionSpec(module=
     MultiLatentAttention)``); the spec's ``core`` replaces :class:`LatentAttentionCore` (its ``q_norm`` /
     ``k_norm`` do not apply: the latents have their own norms). ``position_ids`` / ``segment_ids`` as in
-    ``SelfAttention``; generation against a KV cache is not implemented for it."""
+    ``SelfAttention``; generation against the compressed cache ``kv_cache.LatentKVCache`` (``cached``)."""
 
     def __init__(self, config: MLATransformerConfig, layer_number: int = 1, spec: AttentionSpec = None):
         super().__init__()
@@ -181,6 +181,7 @@ class MultiLatentAttention(nn.Cell):
         self.attention_mask = AttentionMask()
         self.core_attention = (spec.core or LatentAttentionCore)(config)
         self.linear_proj = RowParallelLinear(n * self.vdim, h, config)
+        self.kv_cache = None    # a transformer.kv_cache.LatentKVCache while generating (generation.cache)
 
     def construct(self, x, position_ids=None, segment_ids=None, cache_slots=None, kv_mask=None):
         b, s = x.shape[0], x.shape[1]
@@ -190,9 +191,12 @@ class MultiLatentAttention(nn.Cell):
             q = self.linear_q_proj(x)
         q_nope, q_rot = ops.split(q.reshape(b, s, -1, self.nope + self.rope), [self.nope, self.rope], -1)
         latent, k_rot = ops.split(self.linear_kv_down_proj(x), [self.kv_rank, self.rope], -1)
-        kv = self.linear_kv_up_proj(self.kv_layernorm(latent)).reshape(b, s, -1, self.nope + self.vdim)
-        k_nope, v = ops.split(kv, [self.nope, self.vdim], -1)
+        latent = self.kv_layernorm(latent)
         k_rot = k_rot.reshape(b, s, 1, self.rope)
+        if cache_slots is not None:
+            return self.cached(q_nope, q_rot, latent, k_rot, cache_slots, kv_mask)
+        kv = self.linear_kv_up_proj(latent).reshape(b, s, -1, self.nope + self.vdim)
+        k_nope, v = ops.split(kv, [self.nope, self.vdim], -1)
         if position_ids is None:
             q_rot, k_rot = self.rotary_q(q_rot), self.rotary_k(k_rot)
         else:
@@ -206,6 +210,23 @@ class MultiLatentAttention(nn.Cell):
             ctx = self.core_attention(q, k, v)
         else:
             ctx = self.core_attention(q, k, v, self.attention_mask(position_ids, segment_ids))
+        return self.linear_proj(ctx)
+
+    def cached(self, q_nope, q_rot, latent, k_rot, cache_slots, kv_mask):
+        """Generation against ``self.kv_cache`` (``kv_cache.LatentKVCache``, the compressed cache): the step's
+        latent and rotated shared key written at its slots, every slot's keys and values up-projected from
+        the cached latents, q attending to them under the step's mask (``kv_cache.CacheStep``)."""
+        scatter, written = cache_slots
+        mask, cos, sin = kv_mask
+        b, s = latent.shape[0], latent.shape[1]
+        q_rot, latents, rotated = self.kv_cache(ops.transpose(q_rot, (0, 2, 1, 3)), latent.reshape(b, 1, s, -1),
+                                                ops.transpose(k_rot, (0, 2, 1, 3)), scatter, written, cos, sin)
+        length = latents.shape[2]
+        kv = self.linear_kv_up_proj(latents.reshape(b, length, -1)).reshape(b, length, -1, self.nope + self.vdim)
+        k_nope, v = ops.split(kv, [self.nope, self.vdim], -1)
+        k = self.shared_key(k_nope, ops.transpose(rotated, (0, 2, 1, 3)))
+        q = ops.cat((ops.transpose(q_nope, (0, 2, 1, 3)), q_rot), -1)
+        ctx = self.core_attention(q, ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3)), mask)
         return self.linear_proj(ctx)
 
 

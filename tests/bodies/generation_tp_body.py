@@ -23,8 +23,11 @@ def run(argvs):
         out = step(self, *args)
         if not calls[-1]["steps"]:
             params = dict(self.model.parameters_and_names())
-            calls[-1].update(cache=tuple(self._caches[0].key_cache.shape),
-                             linear_q=tuple(params["decoder.layers.0.self_attention.linear_q.weight"].shape))
+            cache = self._caches[0]         # KVCache: key heads; multi-latent attention's LatentKVCache: latents
+            q = next(params[f"decoder.layers.0.self_attention.{n}.weight"] for n in ("linear_q", "linear_q_up_proj")
+                     if f"decoder.layers.0.self_attention.{n}.weight" in params)
+            stored = cache.key_cache if hasattr(cache, "key_cache") else cache.latent_cache
+            calls[-1].update(cache=tuple(stored.shape), linear_q=tuple(q.shape))
         calls[-1]["steps"].append(out.asnumpy()[:, -1, :])
         return out
 

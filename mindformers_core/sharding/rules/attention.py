@@ -32,9 +32,12 @@ def scaled_dot_product_attention(layouts, shapes, *, causal=True, seq_axis="cp",
     qs, ks, vs = shapes[:3]
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or tuple(ks[:3]) != tuple(vs[:3]):
         raise RuleError(f"needs q (b, n, s, d), k (b, g, s, d) and v (b, g, s, dv); got shapes {qs}, {ks}, {vs}")
-    if len(shapes) == 4 and tuple(shapes[3]) not in ((qs[0], 1, qs[2], qs[2]), (1, 1, qs[2], qs[2])):
-        raise RuleError(f"the mask must have shape (b, 1, s, s) = {(qs[0], 1, qs[2], qs[2])}; got {shapes[3]}")
-    if qs[0] != ks[0] or qs[2] != ks[2] or qs[3] != ks[3] or qs[1] % ks[1]:
+    # keys of another length L than the queries' s: a step against a cache (multi-latent attention's
+    # up-projected latents, kv_cache.LatentKVCache), which gives its (b, 1, s, L) mask
+    cached = len(shapes) == 4 and ks[2] != qs[2]
+    if len(shapes) == 4 and tuple(shapes[3]) not in ((qs[0], 1, qs[2], ks[2]), (1, 1, qs[2], ks[2])):
+        raise RuleError(f"the mask must have shape (b, 1, s, L) = {(qs[0], 1, qs[2], ks[2])}; got {shapes[3]}")
+    if qs[0] != ks[0] or (qs[2] != ks[2] and not cached) or qs[3] != ks[3] or qs[1] % ks[1]:
         raise RuleError(f"q {qs} and k/v {ks} disagree on batch, sequence or head dim, or {ks[1]} key/value "
                         f"heads do not divide {qs[1]} query heads")
     if not causal:
@@ -52,7 +55,7 @@ def scaled_dot_product_attention(layouts, shapes, *, causal=True, seq_axis="cp",
         used.update(out)
         return tuple(out)
     b_axes = free(b_axes)
-    s_axes = free(tuple(a for a in s_axes if a == seq_axis))
+    s_axes = () if cached else free(tuple(a for a in s_axes if a == seq_axis))
     h_axes = free(h_axes)
     split = 1
     for a in h_axes:
@@ -61,6 +64,9 @@ def scaled_dot_product_attention(layouts, shapes, *, causal=True, seq_axis="cp",
         raise RuleError(f"{ks[1]} key/value heads are not divisible by the head split {split} (axes {list(h_axes)})")
     req = make_layout(mesh, (b_axes, h_axes, s_axes, ()))
     out = make_layout(mesh, (b_axes, s_axes, h_axes))
+    if cached:
+        return RuleResult((out,), (req, req, req, make_layout(mesh, (b_axes if shapes[3][0] == qs[0] else (),
+                                                                    (), (), ()))))
     kernel = None
     cp = 1
     for a in s_axes:

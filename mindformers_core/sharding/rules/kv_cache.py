@@ -11,6 +11,12 @@ reduced (nonlinear).
 ``kv_cache_step``: ``(position_ids (b, s), cache_slots (s,), kv_valid (b, L), cos, sin tables (P, 1, d)) ->
 (mask (b, 1, s, L), scatter (L, s), written (1, 1, L, 1), cos (b, 1, s, d), sin (b, 1, s, d))``: the batch split
 of the positions (or kv_valid) kept; the slots, the scatter and the tables replicated.
+
+``latent_kv_cache``: ``(q_rot (b, n, s, dr), latent (b, 1, s, r), k_rot (b, 1, s, dr), scatter (L, s),
+written (1, 1, L, 1), cos, sin (b, 1, s, dr), latent_cache (b, 1, L, r), rope_cache (b, 1, L, dr)) -> (q_rot,
+latents (b, 1, L, r), rotated keys (b, 1, L, dr))``: multi-latent attention's compressed cache. q's heads may stay
+split; the latent and the shared rotary key are whole on every rank (every head needs them); the batch split
+is kept everywhere.
 """
 from __future__ import annotations
 
@@ -66,3 +72,28 @@ def kv_cache_step(layouts, shapes):
     outputs = (batch4, make_layout(mesh, ((), ())), make_layout(mesh, ((), (), (), ())), batch4, batch4)
     return RuleResult(outputs, (make_layout(mesh, (b_axes, ())), make_layout(mesh, ((),)),
                                 make_layout(mesh, (b_axes, ())), table, table))
+
+
+@register_rule("latent_kv_cache")
+def latent_kv_cache(layouts, shapes):
+    expect_inputs(layouts, 9)
+    qs, ls, ks, sc, wr, cs, sn, lc, rc = (tuple(s) for s in shapes)
+    length = lc[2] if len(lc) == 4 else None
+    if len(qs) != 4 or ls[:3] != (qs[0], 1, qs[2]) or ks != (qs[0], 1, qs[2], qs[3]):
+        raise RuleError(f"needs q_rot (b, n, s, dr), latent (b, 1, s, r), k_rot (b, 1, s, dr); got {qs}, {ls}, {ks}")
+    if len(lc) != 4 or lc[:2] != (qs[0], 1) or lc[3] != ls[3] or rc != (qs[0], 1, length, qs[3]):
+        raise RuleError(f"needs caches (b, 1, L, r) / (b, 1, L, dr); got {lc}, {rc}")
+    if sc != (length, qs[2]) or wr != (1, 1, length, 1):
+        raise RuleError(f"needs scatter (L, s) = {(length, qs[2])} and written (1, 1, L, 1); got {sc}, {wr}")
+    if cs != sn or cs != (qs[0], 1, qs[2], qs[3]):
+        raise RuleError(f"the rotary rows must have shape (b, 1, s, dr) = {(qs[0], 1, qs[2], qs[3])}; got {cs}, {sn}")
+    mesh = common_mesh_layout(layouts)
+    src = next(l for l in layouts if l is not None)
+    b_axes = tuple(src.dims[0])
+    q_layout = layouts[0]
+    h_axes = tuple(a for a in q_layout.dims[1] if a not in b_axes) if q_layout is not None else ()
+    heads = make_layout(mesh, (b_axes, h_axes, (), ()))
+    whole = make_layout(mesh, (b_axes, (), (), ()))
+    scatter = make_layout(mesh, ((), ()))
+    written = make_layout(mesh, ((), (), (), ()))
+    return RuleResult((heads, whole, whole), (heads, whole, whole, scatter, written, whole, whole, whole, whole))
