@@ -25,7 +25,7 @@ def launches(monkeypatch):
     return seen
 
 
-def test_prelaunch_runs_each_worker_count_once_in_the_background(launches):
+def test_prelaunch_runs_each_worker_count_once_in_the_background_most_workers_first(launches):
     made_in = []
     batch = MsrunBatch()
     a = batch.add("a", 2, "m:f", lambda: made_in.append(threading.current_thread().name) or {"x": 1}, group="g1")
@@ -34,14 +34,15 @@ def test_prelaunch_runs_each_worker_count_once_in_the_background(launches):
     skipped = batch.add("d", 2, "m:f", {}, group="not selected")
     failing = batch.add("e", 8, "m:f", {}, group="g2")
     batch.select({"g1", "g2"})
-    assert batch.prelaunch() == [2, 4, 8]
+    assert batch.prelaunch() == [8, 4, 2]
     assert made_in == [threading.current_thread().name]          # kwargs made here, not in the thread
-    assert b.results() == [(r, {"y": 2}) for r in range(4)]       # waits for the 2-rank launch, then the 4-rank
+    assert b.results() == [(r, {"y": 2}) for r in range(4)]       # waits for the 4-rank launch
     assert a.results()[1] == (1, {"x": 1}) and c.results()[0] == (0, {"z": 3})
-    assert [(n, names) for n, names, _ in launches] == [(2, ["a", "c"]), (4, ["b"]), (8, ["e"])]
+    assert [(n, names) for n, names, _ in launches[:2]] == [(8, ["e"]), (4, ["b"])]
+    assert [(n, names) for n, names, _ in launches] == [(8, ["e"]), (4, ["b"]), (2, ["a", "c"])]
     assert {thread for _, _, thread in launches} == {"msrun-batch-prelaunch"}
     with pytest.raises(MsrunError, match="(?s)job 'e'.*rank 3 failed"):
         failing.results()
     assert skipped.results() == [(0, {}), (1, {})]                # outside the selection: launched when asked
-    assert [n for n, _, _ in launches] == [2, 4, 8, 2]
+    assert [n for n, _, _ in launches] == [8, 4, 2, 2]
     assert batch.prelaunch() == []                                # nothing left to start

@@ -121,7 +121,7 @@ def test_gradients_with_positions_and_mask_agree_between_modes():
     assert any(np.abs(g.asnumpy()).max() > 0 for g in eager)
 
 
-def test_plan_keeps_positions_split_like_the_batch_and_refuses_them_under_cp():
+def test_plan_keeps_positions_split_like_the_batch_and_gathers_them_for_the_mask_under_cp():
     x = ids()
     positions = np.tile(np.arange(S, dtype=np.int32), (B, 1))
     mask = np.ones((B, S), np.float32)
@@ -131,9 +131,12 @@ def test_plan_keeps_positions_split_like_the_batch_and_refuses_them_under_cp():
     assert "rotary_embedding_by_position" in text and "attention_mask" in text
     layouts = [l.describe() for l in plan.input_layouts]
     assert len(set(layouts)) == 1 and "dp" in layouts[0], layouts      # ids, labels, mask, positions, segments
+    # under cp (packed documents, tests/test_packing_msrun.py): the positions split like the sequence, gathered
+    # over cp into the whole-sequence mask, which the masked context-parallel kernel takes
     cp = GPTModel(tiny(context_parallel_size=2))
-    with pytest.raises(Exception, match="whole sequence"):
-        plan_sharding(cp, cp.config, x, x, None, positions)
+    text = plan_sharding(cp, cp.config, x, x, None, positions).explain()
+    assert "attention_mask tensor 0: (None, cp) -> (None, None) [all_gather over cp on dim 1]" in text, text
+    assert "local kernel: context_parallel_attention" in text
 
 
 def test_layer_spec_must_be_a_spec_or_spec_function():
