@@ -20,6 +20,7 @@ from mindformers_core.models.hf.pretrained import from_pretrained
 from mindformers_core.transformer.mla import MultiLatentAttention
 from mindformers_core.transformer.moe import TopKRouter
 from mindformers_core.transformer.yarn import yarn_inv_freq
+from tests.test_hf_models import logits
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
 _MODELS = {}
@@ -34,15 +35,6 @@ def model_of(name, **overrides):
     if key not in _MODELS:
         _MODELS[key] = from_pretrained(os.path.join(DATA, name), seq_length=16, **overrides)
     return _MODELS[key]
-
-
-def logits(model, ids, mode):
-    x = ms.Tensor(ids.astype(np.int32))
-    if mode == "jit":
-        def forward(t):
-            return model(t)
-        return ms.jit(forward)(x).asnumpy()
-    return model(x).asnumpy()
 
 
 def rel_err(got, want):

@@ -14,12 +14,12 @@ import tempfile
 
 import numpy as np
 import pytest
-import yaml
 
-import run_mindformer
 from mindformers_core.models.hf.folder import open_folder
+import run_mindformer
 from tests.msrun_batch import job
-from tests.test_trainer import build_assets, records
+from tests.test_hf_msrun import argv, hf_yaml
+from tests.test_trainer import records
 from tests.test_trainer_msrun import assert_close
 
 pytestmark = pytest.mark.msrun
@@ -34,35 +34,11 @@ EP2 = [*PARALLEL, "--runner_config.batch_size", 2, "--parallel_config.data_paral
 FROZEN = ["--runner_config.max_steps", 1, "--optimizer.learning_rate", 0.0, "--lr_schedule.learning_rate", 0.0]
 
 
-def hf_yaml(root: str, folder: str = FOLDER) -> str:
-    """The trainer test's YAML with the model taken from ``folder``: no model sizes of its own, the folder as
-    pretrained_model_dir and load_checkpoint, its tokenizer (kind hf)."""
-    assets = build_assets(os.path.join(root, "assets"))
-    with open(assets["yaml"]) as f:
-        raw = yaml.safe_load(f)
-    raw["model"] = {"model_config": {"seq_length": 32}}
-    raw["pretrained_model_dir"] = raw["load_checkpoint"] = folder
-    raw["train_dataset"].pop("tokenizer_file", None)
-    path = os.path.join(root, "hf.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(raw, f, sort_keys=False)
-    return path
-
-
-def argv(config, out, *extra):
-    return ["--config", config, "--output_dir", str(out), *map(str, extra)]
-
-
-def run_many(argvs):
-    """msrun body: ``run_mindformer.main`` for each argv in turn; the exit codes."""
-    return [run_mindformer.main(a) for a in argvs]
-
-
 @functools.lru_cache(maxsize=None)
 def plan():
     """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
     base = tempfile.mkdtemp(prefix="ds3_msrun_")
-    config = hf_yaml(base)
+    config = hf_yaml(base, FOLDER)
     out = {k: os.path.join(base, k) for k in ("p1_pynative", "tp2_pynative", "cp2_pynative", "ep2_jit",
                                               "tp2_frozen", "tp2_export")}
     two = [argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
@@ -72,7 +48,7 @@ def plan():
     return config, out, two
 
 
-TWO = job("deepseek_v3_tp2_cp2_ep2", 2, "tests.test_deepseek_v3_msrun:run_many", lambda: {"argvs": plan()[2]},
+TWO = job("deepseek_v3_tp2_cp2_ep2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs": plan()[2]},
           timeout=600, group=__name__)
 
 

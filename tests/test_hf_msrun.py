@@ -33,14 +33,14 @@ PP2 = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--paral
 FROZEN = ["--runner_config.max_steps", 1, "--optimizer.learning_rate", 0.0, "--lr_schedule.learning_rate", 0.0]
 
 
-def hf_yaml(root: str) -> str:
-    """The trainer test's YAML with the model taken from the folder: no model sizes of its own, the folder as
+def hf_yaml(root: str, folder: str = FOLDER) -> str:
+    """The trainer test's YAML with the model taken from ``folder``: no model sizes of its own, the folder as
     pretrained_model_dir and load_checkpoint, the folder's tokenizer (tokenizer kind hf)."""
     assets = build_assets(os.path.join(root, "assets"))
     with open(assets["yaml"]) as f:
         raw = yaml.safe_load(f)
     raw["model"] = {"model_config": {"seq_length": 32}}
-    raw["pretrained_model_dir"] = raw["load_checkpoint"] = FOLDER
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = folder
     raw["train_dataset"].pop("tokenizer_file", None)
     path = os.path.join(root, "hf.yaml")
     with open(path, "w") as f:

@@ -15,6 +15,7 @@ import pytest
 
 import run_mindformer
 from tests.msrun_batch import job
+from tests.test_hf_msrun import argv
 from tests.test_trainer import build_assets, records
 from tests.test_trainer_msrun import assert_close
 
@@ -23,15 +24,6 @@ MTP = ["--model.model_config.mtp_depth", 2, "--model.model_config.mtp_loss_facto
        "--runner_config.max_steps", 2, "--lr_schedule.total_steps", 2, "--callbacks", "[{type: MFLossMonitor}]"]
 TP2 = ["--use_parallel", "True", "--parallel_config.model_parallel", 2]
 DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2]
-
-
-def argv(config, out, *extra):
-    return ["--config", config, "--output_dir", str(out), *map(str, extra)]
-
-
-def run_many(argvs):
-    """msrun body: ``run_mindformer.main`` for each argv in turn; the exit codes."""
-    return [run_mindformer.main(a) for a in argvs]
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,7 +37,7 @@ def plan():
     return config, out, two
 
 
-TWO = job("mtp_tp2_dp2", 2, "tests.test_mtp_msrun:run_many", lambda: {"argvs": plan()[2]}, timeout=600,
+TWO = job("mtp_tp2_dp2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs": plan()[2]}, timeout=600,
           group=__name__)
 
 
