@@ -1,5 +1,6 @@
 import os
 import sys
+import time
 
 import pytest
 
@@ -35,8 +36,19 @@ def pytest_collection_modifyitems(session, config, items):
             return 1
         return 2 if item.get_closest_marker("msrun") is not None else 0
     items.sort(key=phase)               # stable: each module keeps its tests' order
+    _PHASES.update({item.nodeid: phase(item) for item in items})
+    _PHASE_START["collected"] = time.monotonic()
     if os.environ.get("MFC_BATCH_PRELAUNCH", "1") != "0" and any(phase(i) == 0 for i in items):
         BATCH.prelaunch()
+
+
+_PHASES = {}            # test id -> phase (0 no workers, 1 waiting for the batched launches, 2 own launches)
+_PHASE_START = {}       # "collected" / phase -> time.monotonic() of its first test
+_PHASE_NAMES = {0: "tests starting no workers", 1: "tests of the batched launches", 2: "tests launching their own"}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _PHASE_START.setdefault(_PHASES.get(nodeid, 0), time.monotonic())
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +66,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     from tests.msrun_batch import BATCH
     if not BATCH.seconds:
         return
+    write_timeline(terminalreporter, BATCH)
     by_nproc = {}
     for name, secs in BATCH.seconds.items():
         by_nproc.setdefault(BATCH.jobs[name].nproc if name in BATCH.jobs else 0, []).append((secs, name))
@@ -63,3 +76,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"{nproc} ranks: {sum(s for s, _ in rows):.0f} s in {len(rows)} jobs")
         for secs, name in rows[:15]:
             terminalreporter.write_line(f"  {secs:7.1f}s  {name}")
+
+
+def write_timeline(terminalreporter, batch):
+    """When each phase of tests and each background launch ran, in seconds since collection: where the
+    suite's wall time goes (the launches overlap the tests of phase 0)."""
+    zero = _PHASE_START.get("collected")
+    if zero is None:
+        return
+    now = time.monotonic()
+    starts = sorted((t, p) for p, t in _PHASE_START.items() if p != "collected")
+    terminalreporter.section("suite timeline (seconds since collection)")
+    for i, (t, p) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else now
+        terminalreporter.write_line(f"  {t - zero:7.0f} - {end - zero:7.0f}  {_PHASE_NAMES.get(p, p)}")
+    for nproc, (start, end) in sorted(batch.spans.items(), key=lambda kv: kv[1]):
+        terminalreporter.write_line(f"  {start - zero:7.0f} - {end - zero:7.0f}  batched launch on {nproc} ranks")

@@ -23,7 +23,7 @@ import importlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from .msrun import MsrunError, run_msrun
 
@@ -82,6 +82,7 @@ class MsrunBatch:
         self._outcome: Dict[int, Union[List[Dict[str, Any]], MsrunError]] = {}
         self._running: Dict[int, threading.Event] = {}
         self.seconds: Dict[str, float] = {}
+        self.spans: Dict[int, Tuple[float, float]] = {}    # nproc -> (start, end) of its launch, time.monotonic()
 
     def add(self, name: str, nproc: int, target: str, kwargs: Optional[Kwargs] = None, timeout: float = 300.0,
             group: Optional[str] = None) -> Job:
@@ -153,12 +154,15 @@ class MsrunBatch:
         self._run(nproc, specs, timeout, done)
 
     def _run(self, nproc: int, specs, timeout: float, done) -> None:
+        start = time.monotonic()
         try:
             results = run_msrun(f"{__name__}:run_jobs", nproc, kwargs={"jobs": specs}, timeout=timeout,
                                 env=self.env)
         except MsrunError as e:
             self._outcome[nproc] = e
             return
+        finally:
+            self.spans[nproc] = (start, time.monotonic())
         for name, secs in results[0].get("__seconds__", {}).items():
             self.seconds[name] = secs
         if isinstance(done, list):    # a job outside the selection asked for later: merge
