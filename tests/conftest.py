@@ -22,19 +22,21 @@ pynative_sync({})
 def pytest_collection_modifyitems(session, config, items):
     """Batched msrun bodies launch only for the modules of the tests that will run. The launches start now,
     in the background (MFC_BATCH_PRELAUNCH=0 keeps them until a test asks), and the tests are ordered so that
-    the one-process ones run meanwhile: first the tests that start no workers, then the modules waiting for
-    the batched launches, last the modules launching workers of their own (their deadlines are set for a
-    machine that is not also running a batch)."""
+    the one-process ones run meanwhile: first the tests that start no workers, then the modules with launches
+    of their own marked ``beside_batch`` (their deadlines allow a batch alongside: they fill the cores the
+    batch's waiting workers leave idle), then the modules waiting for the batched launches, last the other
+    modules launching workers of their own (their deadlines are set for a machine not also running a batch)."""
     from tests.msrun_batch import BATCH
     modules = {item.module.__name__ for item in items if getattr(item, "module", None) is not None}
     BATCH.select(modules)
     batched = {j.group for j in BATCH.jobs.values()}
 
     def phase(item):
-        name = getattr(getattr(item, "module", None), "__name__", "")
-        if name in batched:
+        if item.get_closest_marker("msrun") is None:       # (test_docs' one-process blocks too)
+            return 0
+        if getattr(getattr(item, "module", None), "__name__", "") in batched:
             return 1
-        return 2 if item.get_closest_marker("msrun") is not None else 0
+        return 0.5 if item.get_closest_marker("beside_batch") is not None else 2
     items.sort(key=phase)               # stable: each module keeps its tests' order
     _PHASES.update({item.nodeid: phase(item) for item in items})
     _PHASE_START["collected"] = time.monotonic()
@@ -42,9 +44,11 @@ def pytest_collection_modifyitems(session, config, items):
         BATCH.prelaunch()
 
 
-_PHASES = {}            # test id -> phase (0 no workers, 1 waiting for the batched launches, 2 own launches)
+_PHASES = {}            # test id -> phase (0 no workers, 0.5 own launches beside the batch, 1 waiting for the
+                        # batched launches, 2 own launches alone)
 _PHASE_START = {}       # "collected" / phase -> time.monotonic() of its first test
-_PHASE_NAMES = {0: "tests starting no workers", 1: "tests of the batched launches", 2: "tests launching their own"}
+_PHASE_NAMES = {0: "tests starting no workers", 0.5: "tests launching their own beside the batch",
+                1: "tests of the batched launches", 2: "tests launching their own"}
 
 
 def pytest_runtest_logstart(nodeid, location):

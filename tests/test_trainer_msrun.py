@@ -31,7 +31,8 @@ from mindformers_core.testing import free_port, run_msrun
 from mindformers_core.testing.msrun import child_env, describe_logs, kill_tree
 from tests.test_trainer import ROOT, args, build_assets, config_of, records, saved
 
-pytestmark = pytest.mark.msrun
+# its deadlines (840 s for 4 workers doing ~140 s of work) allow the suite's batched launches alongside
+pytestmark = [pytest.mark.msrun, pytest.mark.beside_batch]
 STEPS = 2
 SHORT = ["--runner_config.max_steps", STEPS, "--lr_schedule.warmup_steps", 0]
 DP2_TP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--parallel_config.model_parallel", 2,
