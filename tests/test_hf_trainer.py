@@ -163,3 +163,21 @@ def test_broken_model_folders_exit_2_naming_file_and_key(tiny, tmp_path, capsys,
     assert code == 2, err
     assert words in err, err
     assert not (tmp_path / "out" / "loss.jsonl").exists()        # nothing trained
+
+
+def test_mtp_fine_tune_starts_from_a_folder_without_mtp_layers(tmp_path, capsys):
+    """The DeepSeek-V3 fixture as transformers saves it (no model.layers.<num_layers> MTP tensors) with mtp_depth 1:
+    the run starts, says the MTP weights keep their initial values, and its step-1 loss minus mtp_loss is the loss of
+    the same run without MTP (the main model's weights are the folder's)."""
+    from tests.test_hf_msrun import argv, hf_yaml
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf", "deepseek_v3")
+    config = hf_yaml(str(tmp_path), folder)
+    one = ["--runner_config.max_steps", 1, "--callbacks", "[{type: MFLossMonitor}]"]
+    assert run_mindformer.main(argv(config, tmp_path / "plain", *one)) == 0
+    capsys.readouterr()
+    assert run_mindformer.main(argv(config, tmp_path / "mtp", *one, "--model.model_config.mtp_depth", 1)) == 0
+    out = capsys.readouterr().out
+    assert "holds no multi-token prediction layers" in out and "mtp.layers.3." in out, out[-2000:]
+    [plain], [mtp] = records(tmp_path / "plain"), records(tmp_path / "mtp")
+    assert mtp["mtp_loss"] > 0.1
+    assert mtp["loss"] - mtp["mtp_loss"] == pytest.approx(plain["loss"], rel=1e-6)

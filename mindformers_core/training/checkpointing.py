@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -22,6 +22,7 @@ from ..checkpoint import (AsyncSaver, CheckpointError, checkpoint_specs, list_st
                           load_optimizer_state, load_training_state, newest_intact_step, remove_leftovers, resolve_step,
                           save_checkpoint, shard_single_file, verify_step)
 from ..checkpoint.format import TRACKER, read_tracker
+from ..models.mtp_names import OURS as MTP_NAME
 from ..sharding.annotations import global_shape_of, layout_of
 from .config import ConfigError
 from .preflight import resolve_checkpoint
@@ -203,6 +204,8 @@ class Checkpointer:
             params = [p for p in self.params if p.name in saved]
             frozen = [p for p in self.frozen if p.name in saved]
             targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in params + frozen}
+        if root == "hf":
+            params, targets = self._without_absent_mtp(step, params, targets)
         try:
             state = []
             if self.state_params:        # checkpoints written before the expert bias was saved have none
@@ -254,6 +257,21 @@ class Checkpointer:
         set_parameter(self.optimizer.global_step, np.array(int(saved.get("optimizer_step", trained)), np.int32))
         self._restore_data(state, where)
         return trained
+
+    def _without_absent_mtp(self, folder: str, params: List, targets: Dict) -> Tuple[List, Dict]:
+        """A Hugging Face folder with no multi-token prediction layers at all (``transformers`` drops them when
+        it saves DeepSeek-V3): the MTP depths keep their initial values, with a warning, so an MTP fine-tune
+        can start from such a folder. A folder holding some of their tensors but not all is still an error
+        (``_load_hf`` names the missing ones)."""
+        prefix = MTP_NAME.split("{", 1)[0]         # "mtp.layers."
+        mtp = [p for p in params if p.name.startswith(prefix)]
+        if not mtp or _saved_names("hf", folder, self.hf_adapter) & {p.name for p in mtp}:
+            return params, targets
+        if self.dp_rank == 0:
+            self.log(f"WARNING: {folder} holds no multi-token prediction layers (model.layers.<num_layers>.*): "
+                     f"the {len(mtp)} MTP weights ({mtp[0].name}, ...) keep their initial values")
+        drop = {p.name for p in mtp}
+        return [p for p in params if p.name not in drop], {k: v for k, v in targets.items() if k not in drop}
 
     def _load_base(self, missing: List) -> None:
         """LoRA: the frozen base weights a checkpoint does not hold (an adapter checkpoint), from
