@@ -2,7 +2,8 @@
 the configs/deepseek3 one with ``num_nextn_predict_layers``, the PyNative TrainConfig one) read as they are: the
 multi-token prediction keys of every dialect land on ``mtp_num_layers`` / ``mtp_loss_scaling_factor``, the keys of
 what is not built yet are refused by name; a tiny model trains with MTP from those keys (``mtp_loss`` logged apart,
-the loss = the plain model's + mtp_loss at step 1), and MTP with a pipeline is refused before any process group."""
+the loss = the plain model's + mtp_loss at step 1), and MTP with a pipeline split leaving the last stage no layer is
+refused before any process group."""
 import json
 import os
 
@@ -86,13 +87,24 @@ def records(out):
         return [json.loads(line) for line in f]
 
 
-def test_mtp_with_pipeline_is_refused_before_any_process_group(tiny, capsys):
+@pytest.mark.parametrize("split, named", [
+    (["--model.model_config.offset", "[1, -1]"], "model.model_config.offset = [1, -1]"),
+    (["--parallel.pipeline_config.layers_per_stage", "[2, 0]"], "parallel.pipeline_config.layers_per_stage = [2, 0]"),
+])
+def test_mtp_with_a_split_leaving_the_last_stage_no_layer_is_refused_before_any_process_group(tiny, capsys, split,
+                                                                                            named):
+    """MTP runs on the last pipeline stage after its layers (MindFormers counts the MTP layers in the last stage's
+    share of the split): a split giving that stage none is named by --check_config (no process group)."""
+    code, out, err = run(capsys, "--config", tiny["yaml"], "--check_config", "--worker_num", 2,
+                         "--parallel_config.pipeline_stage", 2, "--model.model_config.mtp_depth", 1,
+                         "--use_parallel", True, "--parallel_config.micro_batch_num", 2, *split)
+    assert code == 2
+    assert (f"{named} with model.model_config.mtp_depth = 1: the last pipeline stage gets no decoder layer, which "
+            "leaves no room for the 1 multi-token prediction depth(s)") in err, err
     code, out, err = run(capsys, "--config", tiny["yaml"], "--check_config", "--worker_num", 2,
                          "--parallel_config.pipeline_stage", 2, "--model.model_config.mtp_depth", 1,
                          "--use_parallel", True, "--parallel_config.micro_batch_num", 2)
-    assert code == 2
-    assert ("model.model_config.mtp_depth = 1: multi-token prediction with parallel_config.pipeline_stage = 2 is "
-            "not implemented") in err, err
+    assert code == 0, err
 
 
 def test_tiny_model_trains_with_mtp_from_the_graph_mode_keys(tiny, tmp_path, capsys):

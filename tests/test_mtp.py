@@ -121,7 +121,7 @@ def test_mtp_with_tied_embeddings_and_moe_layers():
     (dict(mtp_num_layers=-1), "mtp_num_layers=-1"),
     (dict(mtp_num_layers=1.5), "mtp_num_layers=1.5"),
     (dict(mtp_loss_scaling_factor=-0.1), "mtp_loss_scaling_factor=-0.1"),
-    (dict(pipeline_model_parallel_size=2), "pipeline parallelism is not implemented"),
+    (dict(pipeline_model_parallel_size=2, tie_word_embeddings=True), "tie_word_embeddings=True"),
     (dict(context_parallel_size=2), "context parallelism"),
 ])
 def test_bad_mtp_configs_are_named(kw, field):

@@ -618,6 +618,7 @@ class PipelineRuntime:
         losses = run.losses
         loss = sum(losses[1:], losses[0]) if losses else None
         self._sum_copies()
+        self._sum_tied()
         loss = self._average_over_replicas(loss)
         if self.trace_file:
             self._write_trace(run_start, first)
@@ -731,6 +732,40 @@ class PipelineRuntime:
                 for s in local:
                     self.stages[s].grads = tuple(reduced[k:k + n])
                 k += n
+
+    def _sum_tied(self) -> None:
+        """Parameters held by several model stages under one name (``schedule.tied``: ``{name: stage indices}``,
+        e.g. the embedding table on the first stage and its copy on the last one for multi-token prediction,
+        as Megatron keeps a tied embedding on both ends): each holder's gradient of it becomes the sum over
+        the model stages, so the copies take the same update and stay equal. A DualPipe copy of a stage
+        (``schedule.copies[k][1:]``) already holds its stage's sum (``_sum_copies``) and adds zeros. Holders on
+        this rank are added here, the pipeline ranks holding any by one all-reduce."""
+        tied = getattr(self.schedule, "tied", None)
+        if not tied:
+            return
+        copies = {s for group in getattr(self.schedule, "copies", None) or () for s in group[1:]}
+        for name in sorted(tied):
+            holders = tuple(tied[name])
+            local = [s for s in holders if s in self.stages]
+            if not local:
+                continue
+            index = {}
+            for s in local:
+                names = [p.name for p in self.stages[s].params]
+                if name not in names:
+                    raise ValueError(f"pipeline: stage {s} is declared to hold the tied parameter {name!r} but its "
+                                     f"parameters are {names[:4]}...")
+                index[s] = names.index(name)
+            parts = [self.stages[s].grads[index[s]] for s in local if s not in copies]
+            like = self.stages[local[0]].grads[index[local[0]]]
+            total = sum(parts[1:], parts[0]) if parts else ops.zeros(like.shape, like.dtype)
+            ranks = tuple(sorted({self._rank_of(s) for s in holders}))
+            if len(ranks) > 1:
+                total = _all_reduce_flat([total], ranks)[0]
+            for s in local:
+                grads = list(self.stages[s].grads)
+                grads[index[s]] = total
+                self.stages[s].grads = tuple(grads)
 
     def sync_copies(self) -> None:
         """Give every copy of a model stage the weights of its first copy (``schedule.copies[k][0]``,

@@ -41,6 +41,8 @@ class BuiltModel:
     moe: object = None          # a MoEMonitor (training/moe_log.py) for a mixture-of-experts model
     copies: tuple = ()          # DualPipe: the up copy's parameters (same names as a down copy's elsewhere)
     mtp: object = None          # an MTPMonitor (training/mtp_log.py) for a model with multi-token prediction
+    tied: tuple = ()            # names of parameters several model stages hold (MTP: the embedding on the first and
+                                # the last stage); the pipeline sums their gradients (pipeline/runtime.py _sum_tied)
 
     @property
     def model(self):
@@ -62,7 +64,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     ids = np.zeros((micro_batch * shape.dp, seq), np.int32)
     counts = layer_counts(cfg, topo, output_dir, log) if shape.pp > 1 else None
     lora = lora_settings(cfg, shape)
-    chunks = []
+    chunks, tied_copies = [], []
     for s in topo.stages:
         ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
         if shape.pp == 1:
@@ -77,15 +79,34 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
                                      layers_per_stage=counts)
             _apply_lora(lora, chunk, mcfg, topo.rank, log)
             _parallelize_stage(chunk, mcfg, k, topo, mesh, ids, side=len(batch_samples(cfg, ids)) > 2)
+            if getattr(chunk, "embedding_copy", False):   # MTP on the last stage: saved once, by the first stage
+                tied_copies += list(chunk.embedding.get_parameters())
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
                 p.name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", p.name)
         _apply_recompute(cfg, chunk, topo.rank, log)
         chunks.append(chunk)
-    params = [p for chunk in chunks for p in chunk.trainable_params()]
+    if tied_copies and shape.pp > 1 and topo.model_stage(topo.stages[0]) == 0:
+        tied_copies = _share_embedding(chunks)
+    params = list({id(p): p for chunk in chunks for p in chunk.trainable_params()}.values())   # a shared one once
     moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
     copies = tuple(p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters())
-    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg))
+    copies += tuple(p for p in tied_copies if all(p is not q for q in copies))
+    tied = ("embedding.word_embeddings.weight",) if shape.pp > 1 and mcfg.mtp_depths else ()
+    return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg), tied)
+
+
+def _share_embedding(chunks) -> list:
+    """This rank runs the first model stage and the last one too (DualPipeV's V): the last stage's MTP
+    embedding is the first stage's Parameter itself (one name per rank; the pipeline sums the two stages'
+    gradients of it, ``pipeline/runtime.py`` ``_sum_tied``). Set after both are sharded. Returns no copies."""
+    shared = chunks[0].embedding.word_embeddings.weight
+    name = shared.name
+    for chunk in chunks[1:]:
+        if getattr(chunk, "embedding_copy", False):
+            chunk.embedding.word_embeddings.weight = shared
+    shared.name = name          # (MindSpore renames a Parameter a new Cell takes)
+    return []
 
 
 def predict_model(spec, cfg: Config, shape: JobShape, mcfg, topo: Topology, log=print) -> BuiltModel:
@@ -200,7 +221,9 @@ def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarra
     hidden states arrive split over dp, their sequence over cp (context parallel) and tp (SP), as
     the previous stage's layers leave them; labels are split over dp and cp like the ids. ``side``
     (fine-tuning data): every stage also takes position_ids and segment_ids, the last the loss_mask, in
-    the model's argument order (training/steps.py ``_SideInputStage``)."""
+    the model's argument order (training/steps.py ``_SideInputStage``). A last stage with multi-token
+    prediction (``embedding_copy``) also takes the microbatch's ids (``token_ids``), split like the labels."""
+    mtp_ids = [ids] if s == topo.model_stage_num - 1 and getattr(chunk, "embedding_copy", False) else []
     if side:
         dpx = "dp" if topo.dp > 1 else "None"
         seq_axes = tuple(a for a, on in (("cp", topo.cp > 1), ("tp", mcfg.sequence_parallel)) if on)
@@ -211,8 +234,8 @@ def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarra
         last = s == topo.model_stage_num - 1
         x = ids if s == 0 else np.zeros(ids.shape + (mcfg.hidden_size,), np.float32)
         labels, mask = (ids, np.ones(ids.shape, np.float32)) if last else (None, None)
-        samples = (x, labels, mask, pos, seg)
-        layouts = [tokens if s == 0 else mesh(dpx, seq, "None")] + [tokens] * (4 if last else 2)
+        samples = (x, labels, mask, pos, seg, *mtp_ids)
+        layouts = [tokens if s == 0 else mesh(dpx, seq, "None")] + [tokens] * ((4 if last else 2) + len(mtp_ids))
         parallelize(chunk, mcfg, *samples, mesh=mesh, rank=topo.rank, input_layouts=layouts)
         return
     if s == 0:
@@ -226,6 +249,8 @@ def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarra
     layouts = [mesh(dpx, seq, "None"), mesh(dpx, "cp" if topo.cp > 1 else "None")]
     if s != topo.model_stage_num - 1:
         samples, layouts = samples[:1], layouts[:1]
+    elif mtp_ids:        # (hidden, labels, loss_mask, position_ids, segment_ids, token_ids)
+        samples, layouts = samples + [None, None, None, ids], layouts + layouts[1:]
     parallelize(chunk, mcfg, *samples, mesh=mesh, rank=topo.rank, input_layouts=layouts)
 
 

@@ -255,20 +255,58 @@ class _Checks:
             errors.append(problem + " (msrun --worker_num)")
 
     def mtp_errors(self) -> None:
-        """Multi-token prediction (docs/deepseek_v3.md) with what it does not combine with yet."""
+        """Multi-token prediction (docs/deepseek_v3.md) with what it does not combine with yet, and the layer
+        split it needs under a pipeline."""
         cfg, shape = self.cfg, self.shape
         depths = cfg.model.model_config.get("mtp_num_layers")
         if not depths:
             return
         origin = getattr(getattr(cfg, "report", None), "origin", {}) or {}
         key = origin.get("model.model_config.mtp_num_layers", "model.model_config.mtp_num_layers")
-        for size, name, why in ((shape.pp, "parallel_config.pipeline_stage", "the MTP depths sit with the output "
-                                 "layer on the last stage and need the first stage's embedding"),
-                                (shape.cp, "parallel_config.context_parallel", "the depths shift tokens along the "
-                                 "sequence, which context parallelism splits over ranks")):
-            if size > 1:
-                self.errors.append(f"{key} = {depths}: multi-token prediction with {name} = {size} is not "
-                                   f"implemented ({why}); use {name} 1 or set {key} to 0")
+        if shape.cp > 1:
+            self.errors.append(f"{key} = {depths}: multi-token prediction with parallel_config.context_parallel = "
+                               f"{shape.cp} is not implemented (the depths shift tokens along the sequence, which "
+                               "context parallelism splits over ranks); use parallel_config.context_parallel 1 or "
+                               f"set {key} to 0")
+        if shape.pp > 1:
+            self.mtp_pipeline_errors(key, depths)
+
+    def mtp_pipeline_errors(self, key: str, depths) -> None:
+        """MTP under a pipeline: the depths sit on the last stage with a copy of the embedding (its gradient summed
+        with the first stage's by the pipeline runtime). Proven with the plain update and the one-directional
+        schedules and DualPipeV; the bidirectional DualPipe and hsdp are refused (not proven), and so is a layer
+        split giving the last stage no decoder layer (MindFormers counts the MTP layers in the last stage's share
+        of its split: a last stage without layers has no room for them)."""
+        cfg, shape = self.cfg, self.shape
+        if shape.scheduler == "dualpipe":
+            self.errors.append(f"{key} = {depths}: multi-token prediction with parallel.pipeline_config."
+                               "pipeline_scheduler = 'dualpipe' (two copies of every stage) is not implemented; use "
+                               "dualpipev, 1f1b or another one-directional schedule")
+        if shape.sharded_dp:
+            self.errors.append(f"{key} = {depths}: multi-token prediction with parallel_config.pipeline_stage = "
+                               f"{shape.pp} and parallel.enable_parallel_optimizer (hsdp) is not implemented (the "
+                               "embedding copy on the last stage is summed outside hsdp's reduction); turn "
+                               "enable_parallel_optimizer off")
+        topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
+        num_layers = int(cfg.model.model_config.num_layers)
+        pipe = cfg.parallel.pipeline_config
+        split = pipe.layers_per_stage
+        offset = cfg.model.model_config.get("offset", 0)
+        try:
+            if isinstance(split, list):
+                counts, where = [len(r) for r in topo.layer_ranges(num_layers, split)], \
+                    f"parallel.pipeline_config.layers_per_stage = {split}"
+            elif isinstance(offset, list) and topo.model_stage_num == len(offset):
+                counts, where = [num_layers // topo.model_stage_num + o for o in offset], \
+                    f"model.model_config.offset = {offset}"
+            else:
+                return          # uniform, measured (auto), or a split the pipeline checks name
+        except (TypeError, ValueError):
+            return
+        if counts and counts[-1] < 1:
+            self.errors.append(f"{where} with {key} = {depths}: the last pipeline stage gets no decoder layer, which "
+                               f"leaves no room for the {depths} multi-token prediction depth(s) that run there after "
+                               f"its layers (layers per stage {counts}); move at least one layer to the last stage")
 
     def pipeline_errors(self) -> None:
         """Pipeline settings the schema cannot judge alone: build this job's schedule from stage

@@ -153,7 +153,7 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     norms = _NormGroups(shape, topo, built)
     limit = clip_limit(float(cfg.runner_config.max_grad_norm))
     stages, schedule = _pipeline_schedule(shape, topo, built, side) if shape.pp > 1 else (None, None)
-    feed = _StageFeed(topo, norms.pp_group, batch_keys, TokenWeights(topo) if side else None) \
+    feed = _StageFeed(topo, norms.pp_group, batch_keys, TokenWeights(topo) if side else None, mtp=bool(built.tied)) \
         if schedule is not None else None
     k = shape.accumulate
     if shape.sharded_dp and k > 1 and _feeds_loss_mask(cfg):
@@ -327,11 +327,15 @@ class _NormGroups:
         params = built.params
         self.weights = _copy_norm_weights(topo, params, replication_weights(params, self.axis_groups)
                                           if self.axis_groups else None)
+        if built.tied and not topo.dualpipe:   # MTP's embedding copy on the last stage: counted once, by the first's
+            copy = {id(p) for p in built.copies if p.name in built.tied}
+            self.weights = tuple(0.0 if id(p) in copy else w
+                                 for p, w in zip(params, self.weights or (1.0,) * len(params)))
 
 
 class _PipelineGradients:
     """``(ids, labels) -> (loss, grads)``: one schedule run over this rank's stages; the loss shared
-    with every pipeline rank, the summed gradients of this rank's stages."""
+    with every pipeline rank, the summed gradients of this rank's stages (of its parameters in order, each once)."""
 
     def __init__(self, schedule, stages, feed: "_StageFeed", mode: str):
         self.schedule, self.stages, self.feed, self.mode = schedule, stages, feed, mode
@@ -342,7 +346,13 @@ class _PipelineGradients:
             loss = self.schedule.run_microbatches(xs, ys, mode=self.mode, side=side)
         else:
             loss = self.schedule.run(*self.feed.inputs(batch), mode=self.mode)
-        return self.feed.shared_loss(loss), tuple(g for st in self.stages for g in st.grads)
+        seen, grads = set(), []
+        for st in self.stages:      # a Parameter two stages share (MTP's embedding, pipeline/runtime.py): once
+            for p, g in zip(st.params, st.grads):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    grads.append(g)
+        return self.feed.shared_loss(loss), tuple(grads)
 
 
 class _StageFeed:
@@ -350,10 +360,11 @@ class _StageFeed:
     the loss (made on the last stage's ranks) shared with every pipeline rank for logging."""
 
     def __init__(self, topo: Topology, pp_group, batch_keys: Sequence[str] = PIPELINE_BATCH,
-                 weights: Optional[TokenWeights] = None):
+                 weights: Optional[TokenWeights] = None, mtp: bool = False):
         self.first, self.last, self.pp_group = topo.holds_first_stage, topo.holds_last_stage, pp_group
         self.batch_keys = tuple(batch_keys)
         self.weights = weights
+        self.mtp = mtp      # multi-token prediction: the last stage also takes the microbatch's ids
 
     def microbatches(self, batch: Sequence, m: int):
         """A fine-tuning batch (ids, labels, loss_mask[, position_ids[, segment_ids]]) as the runtime's
@@ -376,7 +387,8 @@ class _StageFeed:
         micros = list(micro_slices((ids, labels, mask, pos, seg), m))
         w = self.weights(micros) or [1.0] * m
         xs = [mb[0] for mb in micros] if self.first else None
-        ys = [(mb[1], mb[2], Tensor(np.float32(w[i]))) for i, mb in enumerate(micros)] if self.last else None
+        ys = [(mb[1], mb[2], Tensor(np.float32(w[i]))) + ((mb[0],) if self.mtp else ())
+              for i, mb in enumerate(micros)] if self.last else None
         return xs, ys, [(mb[3], mb[4]) for mb in micros]
 
     def inputs(self, batch: Sequence):
@@ -385,7 +397,7 @@ class _StageFeed:
             raise ValueError(f"pipeline: the step takes the batch {list(PIPELINE_BATCH)} only, got {len(batch)} "
                              f"tensors (extra: {extra})")
         ids, labels = batch
-        return ids if self.first else None, labels if self.last else None
+        return ids if self.first else None, ((labels, ids) if self.mtp else labels) if self.last else None
 
     def shared_loss(self, loss):
         from ..distributed import comm
@@ -396,16 +408,32 @@ class _StageFeed:
 class _SideInputStage(nn.Cell):
     """A model stage fed (input, position_ids, segment_ids[, labels, loss_mask, weight]) by the runtime (side
     inputs, ``_StageFeed.microbatches``): the model chunk takes them in its own argument order; the last stage's
-    loss is weighted by its microbatch's token share."""
+    loss is weighted by its microbatch's token share (``token_ids``: the microbatch's ids, for the multi-token
+    prediction depths of a last stage)."""
 
     def __init__(self, chunk: nn.Cell, last: bool):
         super().__init__(auto_prefix=False)
         self.chunk, self.last = chunk, last
+        self.mtp = last and getattr(chunk, "embedding_copy", False)
 
-    def construct(self, x, position_ids, segment_ids, labels=None, loss_mask=None, weight=None):
+    def construct(self, x, position_ids, segment_ids, labels=None, loss_mask=None, weight=None, token_ids=None):
+        if self.mtp:
+            return self.chunk(x, labels, loss_mask, position_ids, segment_ids, token_ids) * weight
         if self.last:
             return self.chunk(x, labels, loss_mask, position_ids, segment_ids) * weight
         return self.chunk(x, None, None, position_ids, segment_ids)
+
+
+class _TokenIdsStage(nn.Cell):
+    """The last stage of a pipeline with multi-token prediction, fed (hidden states, labels, ids): the model
+    chunk takes the ids as ``token_ids`` (its MTP depths' embedding lookup, ``GPTModel``)."""
+
+    def __init__(self, chunk: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.chunk = chunk
+
+    def construct(self, x, labels, token_ids):
+        return self.chunk(x, labels, None, None, None, token_ids)
 
 
 def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side: bool = False):
@@ -413,14 +441,20 @@ def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side:
     the fine-tuning batch's per-token keys, ``_SideInputStage``)."""
     from ..pipeline.runtime import PipelineStage
     last = topo.model_stage_num - 1
-    chunks = [_SideInputStage(c, topo.model_stage(s) == last) if side else c
+    chunks = [_SideInputStage(c, topo.model_stage(s) == last) if side
+              else _TokenIdsStage(c) if getattr(c, "embedding_copy", False) else c
               for c, s in zip(built.chunks, topo.stages)]
     stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks,
                             loss_in_cell=topo.model_stage(s) == topo.model_stage_num - 1)
               for chunk, s in zip(chunks, topo.stages)]
     # DualPipe (ScheduleDualPipe): stages r and 2p-1-r; the runtime gives the up copy the down copy's
     # weights before its first run and sums the two copies' gradients after every run
-    return stages, build_schedule(shape.scheduler, stages, shape.micro_batch_num)
+    schedule = build_schedule(shape.scheduler, stages, shape.micro_batch_num)
+    # parameters on several model stages (MTP: the embedding and its last-stage copy): gradients summed by the
+    # runtime over every stage index running the first or the last model stage
+    ends = [s for s in range(topo.stage_num) if topo.model_stage(s) in (0, last)]
+    schedule.tied = {name: ends for name in built.tied}
+    return stages, schedule
 
 
 def _copy_norm_weights(topo: Topology, params, weights):

@@ -188,11 +188,10 @@ class TransformerConfig:
         f = self.mtp_loss_scaling_factor
         if not isinstance(f, (int, float)) or isinstance(f, bool) or f < 0:
             _fail("mtp_loss_scaling_factor", f, "must be a number >= 0")
-        if n and self.pipeline_model_parallel_size > 1:
-            _fail("mtp_num_layers", n, f"with pipeline_model_parallel_size={self.pipeline_model_parallel_size}: "
-                  "multi-token prediction under pipeline parallelism is not implemented (the MTP module on the "
-                  "last stage needs the first stage's embedding); use pipeline_model_parallel_size=1 or "
-                  "mtp_num_layers=0")
+        if n and self.pipeline_model_parallel_size > 1 and self.tie_word_embeddings:
+            _fail("mtp_num_layers", n, f"with pipeline_model_parallel_size={self.pipeline_model_parallel_size} and "
+                  "tie_word_embeddings=True: the last stage's output layer would need the embedding table itself; "
+                  "use tie_word_embeddings=False under pipeline parallelism")
         if n and self.context_parallel_size > 1:
             _fail("mtp_num_layers", n, f"with context_parallel_size={self.context_parallel_size}: multi-token "
                   "prediction shifts tokens along the sequence, which context parallelism splits over ranks; "

@@ -5,7 +5,10 @@ embedding, ids in) only on the first stage, ``post_process`` (final norm, output
 only on the last; by default both follow from the stage. Tied embeddings reuse the embedding
 table as the output weight (``logits = h @ E^T``); that needs both ends in the same model. With
 ``mtp_num_layers`` the multi-token prediction depths (``mtp.py``) follow the final norm and add their term to
-the loss, through this model's embedding and head (so they too need both ends: no pipeline yet).
+the loss, through this model's embedding and head. On the last pipeline stage (no ``pre_process``) the depths
+look the microbatch's ids up in a copy of the embedding table, built under the same name (so drawn and loaded
+identically, as Megatron copies a tied embedding to its last stage); the pipeline keeps the two copies equal by
+summing their gradients (``pipeline/runtime.py``, ``tied``), and checkpoints save the first stage's.
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ class GPTModel(nn.Cell):
     ``position_ids`` / ``segment_ids`` (b, s): each token's position and document (packed rows; see
     ``SelfAttention``). Without ``pre_process`` the first argument is hidden states (b, s, h); without
     ``post_process`` the result is hidden states, or (hidden states, load-balancing loss of this part's
-    MoE layers) when it holds any (``returns_aux``). ``layer_spec``: a LayerSpec or a spec function
+    MoE layers) when it holds any (``returns_aux``). ``token_ids``: the ids of the microbatch on a last
+    pipeline stage with multi-token prediction (its first argument being hidden states). ``layer_spec``: a LayerSpec or a spec function
     ``(config, layer_number) -> LayerSpec`` (``transformer/spec.py``; default :func:`gpt_layer_spec`)."""
 
     def __init__(self, config: TransformerConfig, pre_process: Optional[bool] = None,
@@ -86,14 +90,14 @@ class GPTModel(nn.Cell):
             self.loss = VocabParallelCrossEntropy()
             self.token_loss = VocabParallelCrossEntropy(reduction="none")
             self.masked_mean = MaskedMean()
-        # multi-token prediction (mtp.py): its depths after the final norm, sharing the embedding and the head
-        self.has_mtp = config.mtp_depths > 0
+        # multi-token prediction (mtp.py): its depths after the final norm (the last stage of a pipeline), sharing
+        # the embedding and the head; a last stage without the embedding holds a copy of it (module docstring)
+        self.has_mtp = config.mtp_depths > 0 and self.post_process
+        self.embedding_copy = self.has_mtp and not self.pre_process
+        if self.embedding_copy:
+            self.embedding = LanguageModelEmbedding(config)
+            init_weights(self.embedding, "embedding", std)
         if self.has_mtp:
-            if not (self.pre_process and self.post_process):
-                raise ValueError(f"GPTModel: mtp_num_layers={config.mtp_num_layers} needs the embedding and the "
-                                 f"output layer in the same model (pre_process={self.pre_process}, "
-                                 f"post_process={self.post_process}): MTP with pipeline parallelism is not "
-                                 "implemented")
             head = self.embedding.word_embeddings.weight if self.tie else self.output_layer.weight
             name = head.name
             self.mtp = MultiTokenPrediction(config, layer_spec, head)
@@ -103,12 +107,15 @@ class GPTModel(nn.Cell):
         # (hidden states, its layers' load-balancing loss), a stage-local loss term (pipeline/runtime.py)
         self.returns_aux = self.decoder.returns_aux
 
-    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, segment_ids=None):
+    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, segment_ids=None,
+                  token_ids=None):
         if self.pre_process:
             x = self.embedding(input_ids)
         else:
             x = input_ids
         embedded = x
+        if self.embedding_copy and labels is not None:   # the last pipeline stage: the MTP depths' embedding
+            embedded = self.embedding(token_ids)
         if self.returns_aux:
             decoded = self.decoder(x, position_ids, segment_ids)
             if not self.post_process:
