@@ -65,6 +65,23 @@ def test_one_prompt_alone_stops_at_eos():
     assert results[0].token_ids == [int(t) for t in ref["generated_0"]] and results[0].new_ids[-1] == 2
 
 
+def test_greedy_loop_in_chunks_and_step_by_step_give_the_same_tokens():
+    """The greedy decode loop in chunks of 5 steps (as a streamer gets them; Qwen2's rows 0 and 2 stop at EOS
+    inside a chunk) and one step per token give transformers' ids, streamed token by token (PyNative: the
+    chunking is the host's; the jit loop is test_greedy_batch_equals_transformers')."""
+    model, generation, model_config, ref = fixture("qwen2")
+    gen = Generator(model, GenerationConfig.from_dict(generation, {"max_new_tokens": 32}),
+                    max_positions=model_config["max_position_embeddings"])
+    want = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
+    for chunk, loop in ((5, True), (None, False)):
+        gen.loop_chunk, gen.greedy_loop = chunk, loop
+        streamed = []
+        results, stats = gen.generate(prompts_of(ref), streamer=lambda t, tokens, active: streamed.append(t))
+        assert [r.token_ids for r in results] == want, f"loop_chunk {chunk}, greedy_loop {loop}"
+        assert streamed == list(range(len(streamed))) and len(streamed) == max(len(r.new_ids) for r in results)
+        assert stats.decode_steps == len(streamed) - 1 == len(stats.step_seconds)
+
+
 def full_logits(model, ids):
     """Logits (n, vocab) of one row by the ordinary forward (positions 0..n-1 as inputs, no cache)."""
     x = ms.Tensor(np.asarray(ids, np.int32)[None])
@@ -76,7 +93,8 @@ def full_logits(model, ids):
 def test_every_decode_step_equals_a_full_forward(name, mode):
     model, generation, _, ref = fixture(name)
     prompts = prompts_of(ref)
-    gen = Generator(model, GenerationConfig(max_new_tokens=6, eos_token_id=[]), jit=mode == "jit")
+    # one step per token (greedy_loop=False): each step's logits come back through run_step
+    gen = Generator(model, GenerationConfig(max_new_tokens=6, eos_token_id=[]), jit=mode == "jit", greedy_loop=False)
     results, _ = gen.generate(prompts)
     # replay with the prefill logits and each decode step's logits recorded
     steps = []

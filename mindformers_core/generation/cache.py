@@ -41,6 +41,7 @@ def set_cache_names(model) -> None:
 def reattach(model, caches) -> None:
     for att, cache in zip(attention_layers(model), caches):
         att.kv_cache = cache
+    set_cache_names(model)      # setting the attribute again gave the Parameters their bare names back
 
 
 def detach_kv_cache(model) -> None:

@@ -7,6 +7,11 @@ row writes the same slots (``cache_slots``), while its rotary positions start at
 A finished row (EOS) is fed the pad token and its further tokens are dropped; generation stops when every row
 is finished or after the new-token budget. The cache has L = P + new tokens slots; each step attends over
 all L (masked), so its cost does not grow with the position.
+
+Greedy decoding (no sampling, no repetition penalty) runs its decode steps inside one graph, a ``while`` loop
+(``Generator._loop_fn``): each step's argmax feeds the next step there and only token ids come back to the
+host. A decode step is a few milliseconds of small kernels, so the per-token graph launch, the logits'
+copy and the host's argmax were a large part of it (bench/generate.py, docs/generation.md "Measured").
 """
 from __future__ import annotations
 
@@ -23,6 +28,9 @@ from ..transformer.kv_cache import CacheStep
 from .cache import attach_kv_cache, detach_kv_cache, reattach
 from .config import GenerationConfig
 from .sampling import TokenChooser, uniform_noise
+
+
+STREAM_CHUNK = 16      # greedy steps per loop call when a streamer wants the tokens as they come
 
 
 class CachedStep(nn.Cell):
@@ -109,7 +117,7 @@ class Generator:
     on one process. ``max_positions``: the model's maximum sequence (prompt + new tokens), checked first."""
 
     def __init__(self, model, config: GenerationConfig, jit: bool = False, max_positions: Optional[int] = None,
-                 parallel_config=None):
+                 parallel_config=None, greedy_loop: bool = True, loop_chunk: Optional[int] = None):
         self.parallel_config = parallel_config     # a TransformerConfig with parallel sizes: shard the step
         if parallel_config is not None:
             check_parallel(parallel_config)
@@ -124,6 +132,14 @@ class Generator:
         self._caches = None
         self._compiled = {}
         self._choose = compile_blocking(self._choose_fn) if self.jit else self._choose_fn
+        # greedy decode steps in one graph (``_loop_fn``); False: one step (graph) per token, whose logits
+        # ``run_step`` returns (the tests read them). Tensor parallel keeps one step per token (the loop over a
+        # sharded step is not proven)
+        self.greedy_loop = bool(greedy_loop) and parallel_config is None
+        # at most this many steps per loop call (None: all that remain; with a streamer STREAM_CHUNK)
+        if loop_chunk is not None and int(loop_chunk) < 1:
+            raise ValueError(f"Generator: loop_chunk = {loop_chunk}: must be a positive number of steps or None")
+        self.loop_chunk = None if loop_chunk is None else int(loop_chunk)
 
     # the functions jit compiles (plain methods: ms.jit parses their source)
     def _step_fn(self, input_ids, position_ids, cache_slots, kv_valid):
@@ -131,6 +147,26 @@ class Generator:
 
     def _choose_fn(self, logits, presence, banned, uniform):
         return self.chooser(logits, presence, banned, uniform)
+
+    def _loop_fn(self, tokens, positions, slot, valid, finished, steps, is_eos, pads):
+        """At most ``steps`` greedy decode steps in one graph, from ``tokens`` (b, 1) at ``positions`` (b, 1) and
+        cache slot ``slot`` (1,): each step's token is the argmax of its logits (a finished row's: its pad,
+        ``pads`` (b,)), a row finishes at a token with ``is_eos`` (V,) set, and the loop ends early when every
+        row has finished -- what the host loop does one step at a time. Returns (tokens (b, L) int32, column j
+        the token of step j; the number of steps run)."""
+        b, length = valid.shape
+        out = ops.zeros((b, length), ms.int32)
+        columns = ops.expand_dims(ops.arange(length, dtype=ms.int32), 0)
+        i = ops.zeros((), ms.int32)
+        done = finished
+        while ops.logical_and(i < steps, ops.logical_not(ops.all(done))):
+            logits = self.step(tokens, positions + i, slot + i, valid)
+            best = ops.select(done, pads, ops.cast(ops.argmax(logits[:, -1, :], -1), ms.int32))
+            done = ops.logical_or(done, ops.gather(is_eos, best, 0) > 0)
+            out = ops.select(columns == i, ops.broadcast_to(ops.expand_dims(best, 1), (b, length)), out)
+            tokens = ops.expand_dims(best, 1)
+            i = i + 1
+        return out, i
 
     def check(self, prompts: Sequence[Sequence[int]], width: Optional[int] = None) -> int:
         """The number of new tokens, after checking the prompts (left-padded to at least ``width``) against the
@@ -178,11 +214,22 @@ class Generator:
                     valid, output_layouts=[base("None", "None", "None")])
 
     def _fn(self, name):
+        fn = self._loop_fn if name == "loop" else self._step_fn
         if not self.jit:
-            return self._step_fn
+            return fn
         if name not in self._compiled:
-            self._compiled[name] = compile_blocking(self._step_fn, cells=[self.model])
+            self._compiled[name] = compile_blocking(fn, cells=[self.model])
         return self._compiled[name]
+
+    def run_loop(self, tokens, positions, slot, valid, finished, steps, is_eos, pad):
+        """``_loop_fn`` from NumPy inputs -> (tokens (b, count) int64, count)."""
+        b = tokens.shape[0]
+        out, count = self._fn("loop")(
+            Tensor(tokens.astype(np.int32)[:, None]), Tensor(positions.astype(np.int32)[:, None]),
+            Tensor(np.array([slot], np.int32)), Tensor(valid.astype(np.int32)), Tensor(finished.astype(np.bool_)),
+            Tensor(np.int32(steps)), Tensor(is_eos), Tensor(np.full((b,), pad, np.int32)))
+        count = int(count.asnumpy())
+        return out.asnumpy()[:, :count].astype(np.int64), count
 
     def run_step(self, name, ids, positions, slots, valid):
         return self._fn(name)(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
@@ -226,6 +273,11 @@ class Generator:
             eos_ban[:, eos] = 1.0
         rng = np.random.default_rng(cfg.seed)
         plain_greedy = not cfg.do_sample and float(cfg.repetition_penalty) == 1.0
+        is_eos = np.zeros(self.vocab_size, np.int32)
+        if eos.size:
+            is_eos[eos] = 1
+        chunk = self.loop_chunk or (STREAM_CHUNK if streamer is not None else new)
+        pending = []                    # tokens the decode loop chose, one (b,) array per step, oldest first
         stats = GenerationStats(prefill_tokens=int(sum(len(p) for p in prompts)))
         t0 = time.perf_counter()
         logits = self.run_step("step", ids, positions, np.arange(width), valid).asnumpy()[:, -1, :]
@@ -239,7 +291,9 @@ class Generator:
         for t in range(new):
             banned = eos_ban if t < cfg.min_new_tokens else no_ban
             noise = uniform_noise(rng, (b, self.vocab_size)) if cfg.do_sample else no_ban
-            if plain_greedy and t >= cfg.min_new_tokens:
+            if pending:
+                tokens = pending.pop(0)
+            elif plain_greedy and t >= cfg.min_new_tokens:
                 tokens = logits.argmax(-1).astype(np.int64)          # the argmax: no graph launch needed
             else:
                 tokens, _ = self._choose(Tensor(logits), Tensor(presence), Tensor(banned), Tensor(noise))
@@ -258,6 +312,18 @@ class Generator:
                 streamer(t, tokens, active)
             if finished.all() or t == new - 1:
                 break
+            if pending:
+                continue
+            if self.greedy_loop and plain_greedy and t + 1 >= cfg.min_new_tokens:
+                # the next steps inside one graph: greedy from token t + 1 on, no chooser needed
+                s0 = time.perf_counter()
+                out, count = self.run_loop(tokens, lengths + t, width + t, valid, finished,
+                                           min(chunk, new - 1 - t), is_eos, pad)
+                per_step = (time.perf_counter() - s0) / max(count, 1)
+                pending = [out[:, j] for j in range(count)]
+                stats.step_seconds.extend([per_step] * count)
+                stats.decode_steps += count
+                continue
             s0 = time.perf_counter()
             logits = self.run_step("step", tokens[:, None], (lengths + t)[:, None], np.array([width + t]),
                                    valid).asnumpy()[:, -1, :]
