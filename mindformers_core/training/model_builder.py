@@ -96,16 +96,23 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg), tied)
 
 
-def _share_embedding(chunks) -> list:
+def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> list:
     """This rank runs the first model stage and the last one too (DualPipeV's V): the last stage's MTP
     embedding is the first stage's Parameter itself (one name per rank; the pipeline sums the two stages'
-    gradients of it, ``pipeline/runtime.py`` ``_sum_tied``). Set after both are sharded. Returns no copies."""
-    shared = chunks[0].embedding.word_embeddings.weight
-    name = shared.name
+    gradients of it, ``pipeline/runtime.py`` ``_sum_tied``). Set after both are sharded alike (the same vocab
+    split): the Cell holding the copy (the sharding pass may have wrapped it) takes the first's. Returns no copies."""
+    shared = next(p for p in chunks[0].get_parameters() if p.name == name)
     for chunk in chunks[1:]:
-        if getattr(chunk, "embedding_copy", False):
-            chunk.embedding.word_embeddings.weight = shared
-    shared.name = name          # (MindSpore renames a Parameter a new Cell takes)
+        if not getattr(chunk, "embedding_copy", False):
+            continue
+        copy = next(p for p in chunk.get_parameters() if p.name == name)
+        if tuple(copy.shape) != tuple(shared.shape):
+            raise ValueError(f"{name}: the last stage's copy {tuple(copy.shape)} is sharded unlike the first "
+                             f"stage's {tuple(shared.shape)}")
+        holders = [(cell, key) for _, cell in chunk.cells_and_names() for key, p in cell._params.items() if p is copy]
+        for cell, key in holders:
+            setattr(cell, key, shared)
+        shared.name = name          # (MindSpore renames a Parameter a new Cell takes)
     return []
 
 
