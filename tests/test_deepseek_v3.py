@@ -132,11 +132,16 @@ BASE = dict(num_layers=2, hidden_size=32, num_heads=4, vocab_size=64, seq_length
     (dict(kv_lora_rank=None), {}, "kv_lora_rank"),
     ({}, {"model_parallel": 3}, "num_attention_heads"),
     (dict(qk_rope_head_dim=7), {}, "qk_rope_head_dim"),
-    ({}, {"model_parallel": 2, "use_seq_parallel": True}, "sequence_parallel"),     # not implemented with MLA
 ])
 def test_bad_sizes_are_named_before_anything_is_built(change, parallel, named):
     with pytest.raises(ValueError, match=named):
         DeepseekV3Config.from_model_config(dict(BASE, **change), parallel)
+
+
+def test_sequence_parallel_is_accepted_with_mla():
+    """tp2 + sequence parallel builds (proven = one process in tests/test_deepseek_v3_msrun.py)."""
+    config = DeepseekV3Config.from_model_config(BASE, {"model_parallel": 2, "use_seq_parallel": True})
+    assert config.sequence_parallel and config.tensor_model_parallel_size == 2
 
 
 def test_bad_sizes_through_the_trainer_exit_2_before_any_process_group(tmp_path, capsys):

@@ -1,10 +1,13 @@
 """The DeepSeek-V3 fixture folder (saved by transformers) loaded straight onto parallel layouts and fine-tuned
 under msrun equals one process: the losses of a 2-step fine-tune through ``run_mindformer.main`` (the first is
 the loaded model's own; the second follows an AdamW step and the expert-bias update) agree with one process to a
-relative 1e-5 with multi-latent attention's heads split over tp (PyNative), the sequence split over cp with the
-ring kernel (PyNative) and the experts split over ep (jit: one compile of the whole model, ~90 s of a loaded
-machine's 2-worker launch; a second one for tp2 was more than the suite's budget could give). A frozen tp2 run (learning rate 0) exports the folder back
+relative 1e-5 with multi-latent attention's heads split over tp and sequence parallelism on (PyNative: the
+down-projections run on the rank's slice of the sequence, the latent is gathered), the sequence split over cp
+with the ring kernel (PyNative) and the experts split over ep (jit: one compile of the whole model, ~90 s of a
+loaded machine's 2-worker launch; a second one for tp2 was more than the suite's budget could give). A frozen
+tp2 run (learning rate 0, no sequence parallel) gives the one process's first loss and exports the folder back
 bitwise through ``--export_hf_dir`` (the expert bias moved by its own update rule, which the lr does not stop).
+Ulysses cp and hsdp: tests/test_deepseek_pynative_msrun.py.
 
 The four runs are one job (``run_many``) of the suite's batched 2-worker launch (tests/msrun_batch.py); the
 one-process references run here."""
@@ -28,6 +31,7 @@ STEPS = ["--runner_config.max_steps", 2, "--lr_schedule.warmup_steps", 0]
 QUIET = ["--callbacks", "[{type: MFLossMonitor}]"]
 PARALLEL = ["--use_parallel", "True"]
 TP2 = [*PARALLEL, "--parallel_config.model_parallel", 2, "--runner_config.batch_size", 4]
+SP = ["--parallel_config.use_seq_parallel", True]
 CP2 = [*PARALLEL, "--parallel_config.context_parallel", 2, "--runner_config.batch_size", 4]
 EP2 = [*PARALLEL, "--runner_config.batch_size", 2, "--parallel_config.data_parallel", 2,
        "--parallel_config.expert_parallel", 2]
@@ -39,10 +43,10 @@ def plan():
     """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
     base = tempfile.mkdtemp(prefix="ds3_msrun_")
     config = hf_yaml(base, FOLDER)
-    out = {k: os.path.join(base, k) for k in ("p1_pynative", "tp2_pynative", "cp2_pynative", "ep2_jit",
+    out = {k: os.path.join(base, k) for k in ("p1_pynative", "tp2_sp_pynative", "cp2_pynative", "ep2_jit",
                                               "tp2_frozen", "tp2_export")}
     two = [argv(config, out["ep2_jit"], "--mode", 0, *STEPS, *QUIET, *EP2),
-           argv(config, out["tp2_pynative"], "--mode", 1, *STEPS, *QUIET, *TP2),
+           argv(config, out["tp2_sp_pynative"], "--mode", 1, *STEPS, *QUIET, *TP2, *SP),
            argv(config, out["cp2_pynative"], "--mode", 1, *STEPS, *QUIET, *CP2),
            argv(config, out["tp2_frozen"], "--mode", 1, *FROZEN, *QUIET, *TP2, "--export_hf_dir", out["tp2_export"])]
     return config, out, two
@@ -66,7 +70,7 @@ def losses(out):
     return [r["loss"] for r in records(out)]
 
 
-@pytest.mark.parametrize("job, mode", [("tp2", "pynative"), ("cp2", "pynative"), ("ep2", "jit")])
+@pytest.mark.parametrize("job, mode", [("tp2_sp", "pynative"), ("cp2", "pynative"), ("ep2", "jit")])
 def test_loaded_and_fine_tuned_on_workers_equals_one_process(runs, job, mode):
     one = losses(runs["p1_pynative"])
     assert len(one) == 2 and all(np.isfinite(one)) and abs(one[1] - one[0]) > 1e-4
@@ -75,7 +79,9 @@ def test_loaded_and_fine_tuned_on_workers_equals_one_process(runs, job, mode):
 
 def test_export_after_a_frozen_tp2_run_gives_the_folder_back_bitwise(runs):
     """Learning rate 0 leaves every weight bitwise; the expert bias is not the gradient's: its one update moved
-    each expert's entry by the update rate (1e-3) against its load, and the export holds the moved bias."""
+    each expert's entry by the update rate (1e-3) against its load, and the export holds the moved bias. Its
+    one loss (tp2 without sequence parallel) is the loaded model's: the one process's first."""
+    assert_close(losses(runs["tp2_frozen"])[:1], losses(runs["p1_pynative"])[:1])
     source, exported = open_folder(FOLDER), open_folder(str(runs["tp2_export"]))
     assert sorted(exported.tensors) == sorted(source.tensors)
     moved = []

@@ -62,6 +62,25 @@ def test_pynative_file_reads_mla_yarn_and_mtp_keys(capsys):
     assert code == 2 and keys_of(problems(err)) == ["compute_dtype", "model.compute_dtype"], err
 
 
+def test_pynative_fsdp_strategy_is_hsdp_level3_over_data_parallel():
+    """parallelism.data_parallel_shard_strategy optim_grads_params (MindFormers' FSDP: optimizer state, gradients
+    and weights sharded over data_parallel_shard) = hsdp level3 when data parallel > 1; listed as not applied at
+    data parallel 1; another value named."""
+    raw = read_yaml(real("pynative_ds3.yaml"))
+    raw["training"]["global_batch_size"] = 8          # local 2 x data parallel 4
+    cfg, report, errors = translate(raw, worker_num=4)
+    assert not errors and cfg["parallel_config"]["data_parallel"] == 4
+    assert cfg["parallel"]["enable_parallel_optimizer"] is True and cfg["hsdp"]["optimizer_level"] == "level3"
+    assert report.origin["hsdp.optimizer_level"] == "parallelism.data_parallel_shard_strategy"
+    cfg, report, errors = translate(raw, worker_num=1)
+    assert not errors and "hsdp" not in cfg and "parallelism.data_parallel_shard_strategy" in {k for k, _ in report.not_applied}
+    raw["parallelism"]["data_parallel_shard_strategy"] = "optim"
+    _, _, errors = translate(raw, worker_num=4)
+    assert errors == ["parallelism.data_parallel_shard_strategy = 'optim': only 'optim_grads_params' (optimizer "
+                      "state, gradients and weights sharded over data parallel: hsdp level3) is read here; for "
+                      "another split use optim_grads_params or remove the key (plain data parallel)"], errors
+
+
 @pytest.mark.parametrize("keys, message", [
     ({"rotary_scaling_factor": 4}, "model.rotary_scaling_factor = 4: a YaRN setting, read only with "
                                    "model.position_embedding_type: yarn"),

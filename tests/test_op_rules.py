@@ -534,6 +534,11 @@ def test_embedding_vocab_parallel_is_partial_sum_with_masking():
     # hidden-sharded table: hidden-sharded output, plain local lookup
     res = check("gather", (MESH("None", "mp"), MESH("dp", "None")), (table, ids), lambda t, i: t[i], axis=0)
     assert res.output == MESH("dp", "None", "mp") and res.local is None
+    # the plain gather op cannot run the vocab-parallel kernel: a params split along its axis is made whole
+    # (multi-token prediction's shift of a sequence-parallel activation, issue 32)
+    x, shift = rng.standard_normal((4, 8, 8)), np.array([1, 2, 3, 4, 5, 6, 7, 7])
+    res = check("gather", (MESH("dp", "mp", "None"), None), (x, shift), lambda t, i: t[:, i], axis=1)
+    assert res.inputs[0] == MESH("dp", "None", "None") and res.local is None
 
 
 def vocab_parallel_cross_entropy(reduction):

@@ -100,12 +100,14 @@ class Passthrough(CommCell):
 
 def inner_attribute(self, name):
     """``__getattr__`` of a Cell wrapping another as ``self.inner``: the wrapped Cell's attributes
-    stay reachable (``model.decoder.layer_numbers``)."""
+    stay reachable (``model.decoder.layer_numbers``). Private names are not forwarded: they are the wrapper's
+    own Cell state (MindSpore's ``Cell.recompute`` asks ``hasattr(self, '_recompute_cell')`` of the wrapper
+    and refused to recompute a wrapped layer when the answer came from the inner Cell)."""
     try:
         return nn.Cell.__getattr__(self, name)
     except AttributeError:
         cells = self.__dict__.get("_cells")
-        if cells is None or "inner" not in cells:
+        if cells is None or "inner" not in cells or name.startswith("_"):
             raise
         return getattr(cells["inner"], name)
 

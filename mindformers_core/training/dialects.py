@@ -725,7 +725,8 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
             else:
                 t.put(target, value, path)
         elif path in ("training.global_batch_size", "checkpoint.enable_save", "checkpoint.save_interleaved_steps",
-                      "checkpoint.save_max", "checkpoint.prefix", "checkpoint.async_save"):
+                      "checkpoint.save_max", "checkpoint.prefix", "checkpoint.async_save",
+                      "parallelism.data_parallel_shard_strategy"):
             continue                                               # below
         elif path == "training.rampup_batch_size":
             if value is not None:
@@ -789,6 +790,7 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
         dp = max(1, worker_num // max(1, tp * cp * pp))
         _set(t.out, "parallel_config.data_parallel", dp)
     dp = _get(t.out, "parallel_config.data_parallel")
+    _fsdp_strategy(t, _get(raw, "parallelism.data_parallel_shard_strategy", _MISSING), dp)
     if "use_parallel" not in t.given:
         _set(t.out, "use_parallel", worker_num > 1)
     if "runner_config.max_steps" in t.given:
@@ -813,6 +815,25 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
                 t.report.origin["parallel_config.micro_batch_num" if pp > 1 else
                                 "runner_config.gradient_accumulation_steps"] = "training.global_batch_size"
     return t.out, t
+
+
+def _fsdp_strategy(t: _Translation, value: Any, dp: Any) -> None:
+    """``parallelism.data_parallel_shard_strategy``: MindFormers' PyNative data parallelism is fully sharded
+    (FSDP over ``data_parallel_shard``); ``optim_grads_params`` (its default, the value its files carry) shards
+    optimizer state, gradients and weights: our hsdp level3 over all of data parallel. At data parallel 1
+    there is nothing to shard (listed as not applied)."""
+    user = "parallelism.data_parallel_shard_strategy"
+    if value is _MISSING:
+        return
+    if value != "optim_grads_params":
+        t.errors.append(f"{user} = {value!r}: only 'optim_grads_params' (optimizer state, gradients and weights "
+                        "sharded over data parallel: hsdp level3) is read here; for another split use "
+                        "optim_grads_params or remove the key (plain data parallel)")
+    elif isinstance(dp, int) and dp > 1:
+        t.put("parallel.enable_parallel_optimizer", True, user)
+        t.put("hsdp.optimizer_level", "level3", user)
+    else:
+        t.skip(user, K.GRAPH_PARALLEL)
 
 
 # ------------------------------------------------------------------------------------------------ entry points
@@ -856,6 +877,9 @@ def table_markdown() -> str:
     out += ["| `training.global_batch_size` | `runner_config.gradient_accumulation_steps` (pipeline: "
             "`parallel_config.micro_batch_num`) = global / (local_batch_size x data parallel) |",
             "| `parallelism.data_parallel_shard: -1` | data parallel = workers / (tp x cp x pp) |",
+            "| `parallelism.data_parallel_shard_strategy: optim_grads_params` | `parallel.enable_parallel_optimizer` "
+            "+ `hsdp.optimizer_level: level3` when data parallel > 1 (MindFormers' FSDP: optimizer state, gradients "
+            "and weights sharded) |",
             "| `checkpoint.enable_save`, `save_interleaved_steps`, `save_max`, `prefix` | a `CheckpointMonitor` |",
             "| `recompute.mode` | `none` / `full` (`recompute_config.recompute`) / `select` |",
             "| `model.model_type`, `model.architectures` | `model.arch.type` (the model registry) |",

@@ -276,6 +276,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
 }
 # PyNative keys with their own code in dialects.py (batch sizes, checkpoint saving, model class, recompute, ...)
 PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", "checkpoint.enable_save",
+                    "parallelism.data_parallel_shard_strategy",
                     "checkpoint.save_interleaved_steps", "checkpoint.save_max", "checkpoint.prefix",
                     "checkpoint.async_save",
                     "train_dataset.dataloader.column_names", "train_dataset.input_columns", "recompute.mode",
@@ -284,7 +285,7 @@ PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", 
 
 PYNATIVE_NOT_APPLIED: Dict[str, str] = {
     **{f"parallelism.{k}": GRAPH_PARALLEL for k in (
-        "data_parallel_shard_strategy", "reshard_after_forward_policy", "cpu_offload", "disable_gradient_division",
+        "reshard_after_forward_policy", "cpu_offload", "disable_gradient_division",
         "dense_fsdp_shard_size", "context_parallel_async",
         "context_parallel_mask_type", "pipeline_parallel_microbatch_size", "pipeline_parallel_overlap_p2p",
         "pipeline_parallel_overlap_b_f", "pipeline_parallel_enable_dxdw_split", "pipeline_parallel_p2p_transport",

@@ -89,10 +89,6 @@ def mla_problems(c) -> list:
     if c.num_query_groups not in (None, c.num_attention_heads):
         out.append(("num_query_groups (n_kv_heads)", c.num_query_groups, "multi-latent attention gives every head "
                     f"its own key and value: leave it unset or = num_attention_heads={c.num_attention_heads}"))
-    if c.sequence_parallel:
-        out.append(("sequence_parallel", True, "with multi-latent attention is not implemented yet (a tp2 run of the "
-                    "DeepSeek-V3 fixture planned its queries sequence-split and failed in the rotary embedding); "
-                    "use tensor parallelism without it"))
     tp = c.tensor_model_parallel_size
     if _is_int(tp) and tp >= 1 and c.num_attention_heads % tp:
         out.append(("num_attention_heads", c.num_attention_heads, f"must be divisible by "
@@ -184,18 +180,22 @@ class MultiLatentAttention(nn.Cell):
         self.kv_cache = None    # a transformer.kv_cache.LatentKVCache while generating (generation.cache)
 
     def construct(self, x, position_ids=None, segment_ids=None, cache_slots=None, kv_mask=None):
-        b, s = x.shape[0], x.shape[1]
+        # Every reshape takes its batch and sequence sizes from the tensor it reshapes, never from x: under
+        # sequence parallelism x and the down-projections hold this rank's slice of the sequence while the
+        # up-projections' outputs hold all of it (the pass gathers the latent at their input).
         if self.q_low_rank:
             q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x)))
         else:
             q = self.linear_q_proj(x)
-        q_nope, q_rot = ops.split(q.reshape(b, s, -1, self.nope + self.rope), [self.nope, self.rope], -1)
+        q = q.reshape(q.shape[0], q.shape[1], -1, self.nope + self.rope)
+        q_nope, q_rot = ops.split(q, [self.nope, self.rope], -1)
         latent, k_rot = ops.split(self.linear_kv_down_proj(x), [self.kv_rank, self.rope], -1)
         latent = self.kv_layernorm(latent)
-        k_rot = k_rot.reshape(b, s, 1, self.rope)
+        k_rot = k_rot.reshape(k_rot.shape[0], k_rot.shape[1], 1, self.rope)
         if cache_slots is not None:
             return self.cached(q_nope, q_rot, latent, k_rot, cache_slots, kv_mask)
-        kv = self.linear_kv_up_proj(latent).reshape(b, s, -1, self.nope + self.vdim)
+        kv = self.linear_kv_up_proj(latent)
+        kv = kv.reshape(kv.shape[0], kv.shape[1], -1, self.nope + self.vdim)
         k_nope, v = ops.split(kv, [self.nope, self.vdim], -1)
         if position_ids is None:
             q_rot, k_rot = self.rotary_q(q_rot), self.rotary_k(k_rot)
