@@ -8,7 +8,7 @@ full recompute, gradient clipping at 1.0, sequence parallelism, and its fully sh
 the experts over ep 2. A second run of the same file covers Ulysses context parallelism with hsdp: dp2 x cp2
 (``context_parallel_method: ulysses``). Losses, MTP losses and aux losses per step = one process, relative 1e-5.
 
-Both runs are one job (``run_many``) of the suite's batched 4-worker launch (tests/msrun_batch.py), in
+Both runs are one job (``run_recording_hsdp``) of the suite's batched 4-worker launch (tests/msrun_batch.py), in
 PyNative (the file's own mode); the one-process reference runs here."""
 import functools
 import os
@@ -19,7 +19,6 @@ import pytest
 
 import run_mindformer
 from tests.msrun_batch import job
-from tests.test_hf_msrun import run_many  # noqa: F401  (the job body)
 from tests.test_mindformers_configs import real
 from tests.test_trainer import build_assets, records
 from tests.test_trainer_msrun import assert_close
@@ -71,7 +70,30 @@ def plan():
     return out, argvs
 
 
-FOUR_JOB = job("deepseek_v3_pynative_file", 4, "tests.test_hf_msrun:run_many",
+def run_recording_hsdp(argvs):
+    """msrun body: ``run_mindformer.main`` for each argv in turn; per run its exit code and how many of this
+    rank's parameters hsdp shards (the trainer's ``_hsdp`` watched), so that the test sees the file's FSDP
+    strategy at work, not only read."""
+    from mindformers_core.training import steps
+    build, seen = steps._hsdp, []
+
+    def watched(*args, **kwargs):
+        wrapped = build(*args, **kwargs)
+        seen.append(len(list(wrapped.sharded_params())))
+        return wrapped
+
+    steps._hsdp = watched
+    try:
+        out = []
+        for a in argvs:
+            del seen[:]
+            out.append((run_mindformer.main(a), sum(seen)))
+        return out
+    finally:
+        steps._hsdp = build
+
+
+FOUR_JOB = job("deepseek_v3_pynative_file", 4, "tests.test_deepseek_pynative_msrun:run_recording_hsdp",
                lambda: {"argvs": [plan()[1]["dp2_tp2_ep2"], plan()[1]["dp2_cp2_ulysses"]]}, timeout=900,
                group=__name__)
 
@@ -80,14 +102,18 @@ FOUR_JOB = job("deepseek_v3_pynative_file", 4, "tests.test_hf_msrun:run_many",
 def runs():
     out, argvs = plan()
     assert run_mindformer.main(argvs["one"]) == 0 and run_mindformer.main(argvs["one_no_mtp"]) == 0
-    assert FOUR_JOB.results() == [[0, 0]] * 4
-    return out
+    results = FOUR_JOB.results()
+    assert [[code for code, _ in rank] for rank in results] == [[0, 0]] * 4
+    sharded = {run: [rank[i][1] for rank in results] for i, run in enumerate(("dp2_tp2_ep2", "dp2_cp2_ulysses"))}
+    return out, sharded
 
 
 @pytest.mark.parametrize("run, reference, keys", [("dp2_tp2_ep2", "one", ("loss", "mtp_loss", "aux_loss")),
                                                    ("dp2_cp2_ulysses", "one_no_mtp", ("loss", "aux_loss"))])
 def test_the_file_on_4_workers_equals_one_process(runs, run, reference, keys):
-    one, four = records(runs[reference]), records(runs[run])
+    out, sharded = runs
+    one, four = records(out[reference]), records(out[run])
+    assert min(sharded[run]) >= 10, sharded        # hsdp level3 (data_parallel_shard_strategy) shards the weights
     assert len(one) == 2 and all(np.isfinite(r["loss"]) for r in one) and abs(one[1]["loss"] - one[0]["loss"]) > 1e-4
     assert all(r[k] > 0 for r in one for k in keys)
     for key in keys:

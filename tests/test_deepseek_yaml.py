@@ -70,7 +70,8 @@ def test_pynative_fsdp_strategy_is_hsdp_level3_over_data_parallel():
     raw["training"]["global_batch_size"] = 8          # local 2 x data parallel 4
     cfg, report, errors = translate(raw, worker_num=4)
     assert not errors and cfg["parallel_config"]["data_parallel"] == 4
-    assert cfg["parallel"]["enable_parallel_optimizer"] is True and cfg["hsdp"]["optimizer_level"] == "level3"
+    assert cfg["parallel"]["enable_parallel_optimizer"] is True and cfg["hsdp"] == {"optimizer_level": "level3",
+                                                                                      "threshold": 0}
     assert report.origin["hsdp.optimizer_level"] == "parallelism.data_parallel_shard_strategy"
     cfg, report, errors = translate(raw, worker_num=1)
     assert not errors and "hsdp" not in cfg and "parallelism.data_parallel_shard_strategy" in {k for k, _ in report.not_applied}

@@ -42,7 +42,7 @@ def _wait_for_pending_kernels() -> None:
 def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Optional[Sequence[str]]
                  ) -> List[Tuple[str, nn.Cell]]:
     """(name, Cell) of every unit: the topmost Cells whose name matches one of ``patterns``, then
-    the owner Cell of every sharded parameter not inside one of them (the network itself when it
+    every Cell holding a sharded parameter not inside one of them (all holders of a shared one; the network itself when it
     owns one directly; the caller of the owner when it computes in the owner's place without
     calling it, like parallelize's vocab-parallel lookup). Raises ValueError when a pattern matches nothing."""
     named = list(network.cells_and_names())
@@ -60,6 +60,8 @@ def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Opti
             units.append((name, cell))
             covered.update(id(p) for p in cell.get_parameters())
     parent = {id(child): (n, c) for n, c in named for child in c._cells.values() if child is not None}
+    # a Parameter two Cells hold (multi-token prediction's head on the main output layer's weight) makes both
+    # units: each gathers it for its own call (the open count keeps one full copy while either is open)
     for name, cell in named:
         own = [p for p in cell._params.values() if p is not None and id(p) in sharded and id(p) not in covered]
         if not own:
@@ -71,7 +73,6 @@ def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Opti
             unit_name, unit = parent[id(unit)]
         if all(u is not unit for _, u in units):
             units.append((unit_name, unit))
-        covered.update(id(p) for p in own)
     return units
 
 

@@ -820,8 +820,8 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
 def _fsdp_strategy(t: _Translation, value: Any, dp: Any) -> None:
     """``parallelism.data_parallel_shard_strategy``: MindFormers' PyNative data parallelism is fully sharded
     (FSDP over ``data_parallel_shard``); ``optim_grads_params`` (its default, the value its files carry) shards
-    optimizer state, gradients and weights: our hsdp level3 over all of data parallel. At data parallel 1
-    there is nothing to shard (listed as not applied)."""
+    optimizer state, gradients and weights: our hsdp level3 over all of data parallel, every weight (threshold
+    0: FSDP has no size floor). At data parallel 1 there is nothing to shard (listed as not applied)."""
     user = "parallelism.data_parallel_shard_strategy"
     if value is _MISSING:
         return
@@ -832,6 +832,7 @@ def _fsdp_strategy(t: _Translation, value: Any, dp: Any) -> None:
     elif isinstance(dp, int) and dp > 1:
         t.put("parallel.enable_parallel_optimizer", True, user)
         t.put("hsdp.optimizer_level", "level3", user)
+        t.put("hsdp.threshold", 0, user)
     else:
         t.skip(user, K.GRAPH_PARALLEL)
 
@@ -878,8 +879,8 @@ def table_markdown() -> str:
             "`parallel_config.micro_batch_num`) = global / (local_batch_size x data parallel) |",
             "| `parallelism.data_parallel_shard: -1` | data parallel = workers / (tp x cp x pp) |",
             "| `parallelism.data_parallel_shard_strategy: optim_grads_params` | `parallel.enable_parallel_optimizer` "
-            "+ `hsdp.optimizer_level: level3` when data parallel > 1 (MindFormers' FSDP: optimizer state, gradients "
-            "and weights sharded) |",
+            "+ `hsdp.optimizer_level: level3`, `hsdp.threshold: 0` when data parallel > 1 (MindFormers' FSDP: "
+            "optimizer state, gradients and weights sharded, whatever their size) |",
             "| `checkpoint.enable_save`, `save_interleaved_steps`, `save_max`, `prefix` | a `CheckpointMonitor` |",
             "| `recompute.mode` | `none` / `full` (`recompute_config.recompute`) / `select` |",
             "| `model.model_type`, `model.architectures` | `model.arch.type` (the model registry) |",
