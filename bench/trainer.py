@@ -17,7 +17,10 @@ vocab 1024, global batch 8, AdamW, fp32. Configurations:
   (its losses differ from ``1proc``'s, which clips: no parity column);
 * ``1proc_async``, ``dp2_async``, ``tp2_async``, ``pp2_async``: those rows with ``MFC_JIT_BLOCKING=0``,
   MindSpore's asynchronous graph launch (``mindformers_core/common/graphs.py``; the same in PyNative
-  except for the pipeline's and hsdp's compiled parts).
+  except for the pipeline's and hsdp's compiled parts);
+* ``dp2_mccl``: dp2 with ``MFC_HOST_SUM=0``: the gradients summed by MindSpore's CPU all-reduce inside the
+  one-graph step instead of through shared memory between the gradient and update graphs
+  (``mindformers_core/distributed/comm/host_sum.py``).
 
 Per row: the largest relative difference of its losses to ``1proc``'s (same data: parity), the
 median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
@@ -94,6 +97,10 @@ CONFIGS = {   # name -> (workers, flags)
 ASYNC = "_async"
 for _name in ("1proc", "dp2", "tp2", "pp2"):
     CONFIGS[_name + ASYNC] = CONFIGS[_name]
+# dp2 with MindSpore's CPU all-reduce inside the one-graph step (MFC_HOST_SUM=0), not the shared-memory sum
+# between the gradient and update graphs (distributed/comm/host_sum.py): the before/after of that change
+MCCL = "_mccl"
+CONFIGS["dp2" + MCCL] = CONFIGS["dp2"]
 PLAIN = ("plain", "plain_clip")   # the plain-MindSpore rows (no mindformers_core): without / with clipping
 DP = {"dp2": 2, "dp2tp2": 2}
 MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microbatch (MindFormers)
@@ -101,7 +108,7 @@ MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microb
 
 def rows_per_microbatch(name: str) -> int:
     """batch_size for a global batch of GLOBAL_BATCH rows: global = batch_size x dp x micro_batch_num."""
-    name = name[:-len(ASYNC)] if name.endswith(ASYNC) else name
+    name = name[:-len(ASYNC)] if name.endswith(ASYNC) else name[:-len(MCCL)] if name.endswith(MCCL) else name
     return GLOBAL_BATCH // (DP.get(name, 1) * MICRO.get(name, 1))
 
 
@@ -270,6 +277,9 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
     env.pop("MFC_JIT_BLOCKING", None)
     if name.endswith(ASYNC):
         env["MFC_JIT_BLOCKING"] = "0"
+    env.pop("MFC_HOST_SUM", None)
+    if name.endswith(MCCL):
+        env["MFC_HOST_SUM"] = "0"
     prefix = os.path.join(out_dir, "pipeline_trace")
     if trace:
         env["MFC_PIPELINE_TRACE"] = prefix
