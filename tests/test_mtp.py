@@ -193,3 +193,31 @@ def test_deepseek_v3_mtp_layer_saved_and_loaded_under_deepseeks_names(tmp_path):
     assert float(loaded(ids, ids)) == float(model(ids, ids))
     with pytest.raises(Exception, match=r"model\.layers\.3\.enorm\.weight"):
         from_pretrained(fixture, seq_length=16, mtp_num_layers=1)
+
+
+def test_pipeline_stages_with_mtp_equal_the_whole_model():
+    """pp2 in one process: the last stage holds a copy of the embedding (same name, same values) and takes the ids
+    as ``token_ids``; its loss is the whole model's, and the two copies' embedding gradients sum to the whole
+    model's (what the pipeline runtime's ``_sum_tied`` does between the ranks)."""
+    ms.set_seed(3)
+    whole = GPTModel(cfg())
+    first, last = GPTModel(cfg(pipeline_model_parallel_size=2), pp_rank=0), \
+        GPTModel(cfg(pipeline_model_parallel_size=2), pp_rank=1)
+    assert last.embedding_copy and not first.embedding_copy and not first.has_mtp
+    name = "embedding.word_embeddings.weight"
+    table = {p.name: p for p in last.trainable_params()}[name]
+    assert np.array_equal(table.asnumpy(), {p.name: p for p in whole.trainable_params()}[name].asnumpy())
+    ids = Tensor(np.random.default_rng(1).integers(0, V, (2, S)).astype(np.int32))
+    loss, grads = ms.value_and_grad(whole, None, whole.trainable_params())(ids, ids)
+    hidden = first(ids)
+    staged, (d_hidden, last_grads) = ms.value_and_grad(lambda h: last(h, ids, None, None, None, ids), 0,
+                                                       last.trainable_params())(hidden)
+    _, first_grads = ms.value_and_grad(lambda x: (first(x) * d_hidden).sum(), None, first.trainable_params())(ids)
+    assert abs(float(staged) - float(loss)) < 1e-6 * float(loss)
+
+    def grad_of(model, gs):
+        return gs[[p.name for p in model.trainable_params()].index(name)].asnumpy()
+    want = grad_of(whole, grads)
+    summed = grad_of(first, first_grads) + grad_of(last, last_grads)
+    assert np.abs(summed - want).max() < 1e-6 * np.abs(want).max()
+    assert np.abs(grad_of(last, last_grads)).max() > 1e-3 * np.abs(want).max()     # the MTP depth's share
