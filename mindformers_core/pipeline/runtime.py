@@ -752,10 +752,11 @@ class PipelineRuntime:
             index = {}
             for s in local:
                 names = [p.name for p in self.stages[s].params]
-                if name not in names:
-                    raise ValueError(f"pipeline: stage {s} is declared to hold the tied parameter {name!r} but its "
-                                     f"parameters are {names[:4]}...")
-                index[s] = names.index(name)
+                if name in names:       # (not when frozen, e.g. under LoRA: no gradient, the copies stay equal)
+                    index[s] = names.index(name)
+            local = [s for s in local if s in index]
+            if not local:
+                continue
             parts = [self.stages[s].grads[index[s]] for s in local if s not in copies]
             like = self.stages[local[0]].grads[index[local[0]]]
             total = sum(parts[1:], parts[0]) if parts else ops.zeros(like.shape, like.dtype)
