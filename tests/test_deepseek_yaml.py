@@ -37,16 +37,29 @@ def test_research_file_names_only_what_is_not_built_or_must_change_here(capsys):
     lines = problems(err)
     assert code == 2 and "Traceback" not in err + out
     assert not [line for line in lines if "unknown key" in line], lines
-    # its two load-balancing factors (0.05 and [0.0001]) disagree; the research model's own module; 1024 workers;
-    # an offset that counts the MTP layer in the last stage (MindFormers' research split: 61 + 1 layers)
+    # the research model's own module; 1024 workers; an offset that counts the MTP layer in the last stage
+    # (MindFormers' research split: 61 + 1 layers)
     assert keys_of(lines) == ["model.model_config.auto_register", "model.model_config.offset",
-                              "moe_config.aux_loss_factors", "parallel_config"], lines
+                              "parallel_config"], lines
     mc, report = model_keys("research_pretrain_deepseek3_671b.yaml")
     assert [mc[k] for k in MLA] == [512, 1536, 128, 64, 128]       # read (transformer/mla.py, DeepseekV3ForCausalLM)
     assert mc["rope_theta"] == 10000.0 and mc["num_experts"] == 256 and mc["first_k_dense_replace"] == 3
     assert mc["scoring_func"] == "sigmoid" and mc["moe_router_enable_expert_bias"] is True
     listed = {k for k, _ in report.not_applied}
     assert "model.model_config.return_extra_loss" in listed      # the extra losses always join the loss here
+    # its two load-balancing factors: MindFormers' grouped-matmul MoE (MoEV3, use_gmm: True) reads the 'expert'
+    # entry of aux_loss_factors over all tokens of its batch slice; aux_loss_factor (0.05) is the older router's
+    assert mc["moe_aux_loss_coeff"] == 0.0001 and mc["moe_router_load_balancing_type"] == "aux_loss"
+    assert "moe_config.aux_loss_factor" in listed
+
+
+def test_research_file_factors_without_the_grouped_moe_disagree_by_name():
+    raw = read_yaml(real("research_pretrain_deepseek3_671b.yaml"))
+    raw["moe_config"]["use_gmm"] = False
+    _, _, errors = translate(raw)
+    assert [e for e in errors if "aux_loss" in e] == [
+        "moe_config.aux_loss_factors = 0.0001: conflicts with moe_config.aux_loss_factor = 0.05; they are the same "
+        "setting, give one"], errors
 
 
 def test_pynative_file_reads_mla_yarn_and_mtp_keys(capsys):
@@ -166,11 +179,11 @@ SHRUNK = ["--use_parallel", False, "--parallel_config.data_parallel", 1, "--para
 def test_shrunk_research_file_trains_2_steps_with_mtp(megatron, tmp_path, capsys):  # noqa: F811
     """MindFormers' research DeepSeek-V3 file (mtp_depth 1, mtp_loss_factor 0.3, MLA sizes, moe_config block with
     sigmoid routing and the expert bias), sizes/data/parallel sizes shrunk on the command line; its research-model
-    auto_register lines (a module of the MindFormers tree) are dropped, its two load-balancing factors made one."""
+    auto_register lines (a module of the MindFormers tree) are dropped; its load-balancing factor is
+    aux_loss_factors' [0.0001] (MoEV3's, batch-level aux_loss)."""
     import yaml
     raw = read_yaml(real("research_pretrain_deepseek3_671b.yaml"))
     del raw["model"]["model_config"]["auto_register"], raw["model"]["arch"]["auto_register"]
-    del raw["moe_config"]["aux_loss_factor"]           # aux_loss_factors [0.0001] (with aux_loss_types) stays
     path = tmp_path / "deepseek3.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     out = tmp_path / "out"

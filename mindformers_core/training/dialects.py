@@ -300,12 +300,26 @@ class _Translation:
             else:
                 self.errors.append(unknown(user, value, self.report.dialect))
 
+    def grouped_moe_factors(self) -> bool:
+        """The file's ``moe_config`` runs MindFormers' grouped-matmul MoE (``use_gmm: True``) with a per-type
+        factor list (``aux_loss_factors``)."""
+        block = self.moe_block if isinstance(getattr(self, "moe_block", None), dict) else {}
+        return block.get("use_gmm") is True and block.get("aux_loss_factors") not in _EMPTY
+
     def moe_config(self, path: str, value: Any) -> None:
         """A key of DeepSeek-V3's graph-mode ``moe_config`` block, read into ``model.model_config``."""
         name = path.split(".", 1)[1]
         if name in K.MOE_CONFIG_KEYS:
             if _hashable(value) and value in _EMPTY:
                 return
+            if name in ("aux_loss_factor", "aux_loss_factors") and self.grouped_moe_factors():
+                # MindFormers' grouped-matmul MoE (MoEV3, use_gmm) takes its expert load-balancing factor from
+                # aux_loss_factors at aux_loss_types' 'expert' and computes the loss over all tokens of its slice
+                # of the batch (not per sequence); the single aux_loss_factor is the older router's
+                if name == "aux_loss_factor":
+                    self.skip(path, K.MOE_V3_FACTOR)
+                    return
+                self.put("model.model_config.moe_router_load_balancing_type", "aux_loss", path)
             if name == "expert_num" and isinstance(value, int) and not isinstance(value, bool) and value <= 1:
                 self.skip(path, K.MISC)                                  # one expert: a dense model
                 return
@@ -365,6 +379,7 @@ def _hashable(v: Any) -> bool:
 def _graph(raw: Dict[str, Any]) -> Tuple[Dict[str, Any], _Translation]:
     t = _Translation(GRAPH)
     raw = copy.deepcopy(raw)
+    t.moe_block = raw.get("moe_config")
     model_cfg = _get(raw, "model.model_config", None)
     mc_own = list(lookup("model.model_config").fields)
     leaves = list(_walk({k: v for k, v in raw.items() if k not in ("callbacks", "model")}, stop=_schema_field))
@@ -867,7 +882,9 @@ def table_markdown() -> str:
             "| key in the file | read as |", "|---|---|"]
     out += [f"| `moe_config.{k}` | `model.model_config.{v}`"
             + {"use_gating_sigmoid": " (`sigmoid` / `softmax`)", "expert_num": " (<= 1: a dense model)",
-               "aux_loss_factors": " (one factor)"}.get(k, "") + " |" for k, v in K.MOE_CONFIG_KEYS.items()]
+               "aux_loss_factors": " (one factor; with `use_gmm: True` also `moe_router_load_balancing_type: aux_loss`, "
+                                   "and `aux_loss_factor` beside it is not read, as MindFormers' MoEV3)"
+               }.get(k, "") + " |" for k, v in K.MOE_CONFIG_KEYS.items()]
     out += ["", "### YaRN in MindFormers' flat keys (both dialects, applied)", "",
             "With `position_embedding_type: yarn` these keys make one `model.model_config.rope_scaling` mapping (type "
             f"yarn; `original_max_position_embeddings` {K.YARN_ORIGINAL_DEFAULT} when not given, as mcore's); without "

@@ -122,6 +122,9 @@ MOE_CONFIG_KEYS: Dict[str, str] = {
     "norm_topk_prob": "norm_topk_prob", "n_group": "n_group", "topk_group": "topk_group",
     "aux_loss_factor": "moe_aux_loss_coeff", "aux_loss_factors": "moe_aux_loss_coeff",
 }
+# moe_config.aux_loss_factor beside aux_loss_factors under use_gmm: what MindFormers' MoEV3 does not read
+MOE_V3_FACTOR = ("the older router's factor: MindFormers' grouped-matmul MoE (use_gmm) reads the 'expert' entry of "
+                 "aux_loss_factors")
 # moe_config keys accepted with one value only: name -> (values accepted, the error otherwise)
 MOE_CONFIG_CHECKED: Dict[str, Tuple[tuple, str]] = {
     "use_shared_expert_gating": ((False, None), "a sigmoid gate on the shared experts is not implemented; set it "
