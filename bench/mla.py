@@ -7,7 +7,8 @@ and what it costs in training step time against the dense Llama of the same hidd
    layer of DeepSeek-V3's own sizes (h 7168, 128 heads; MLA kv_lora_rank 512 + rope 64; GQA 8 groups and
    MHA 128 groups of 128-wide keys/values, the comparison DeepSeek-V2's paper makes) times its 61 layers.
    float32 here (CPU); bfloat16 halves every row alike.
-2. **Training step time** (jit, one process, ``run_mindformer``'s Trainer on the built-in corpus):
+2. **Training step time** (jit, one process, ``run_mindformer``'s Trainer on the test corpus as MindRecord
+   rows):
    ``DeepseekV3ForCausalLM`` with dense MLPs (MLA only: no experts, no MTP) against ``LlamaForCausalLM``
    (GQA) of the same hidden size, layers, heads, FFN, sequence and batch. Each (model, repeat) runs in its own
    process, the models interleaved, ``--repeats`` times; per run the median of the steps after the first
@@ -81,12 +82,30 @@ def cache_table() -> dict:
     return out
 
 
-def child(model: str, steps: int, out: str) -> dict:
+def mindrecord(root: str) -> str:
+    """The test corpus as MindRecord rows of seq_length tokens (pre-tokenized: both models read the same rows)."""
+    import importlib.util
+    from tests.test_trainer import build_assets
+    assets = build_assets(os.path.join(root, "assets"))
+    spec = importlib.util.spec_from_file_location("preprocess_mindrecord",
+                                                  os.path.join(ROOT, "scripts", "preprocess_mindrecord.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folder = os.path.join(root, "mindrecord")
+    os.makedirs(folder, exist_ok=True)
+    module.main(["--input", assets["corpus"], "--tokenizer", assets["tokenizer"], "--seq_length",
+                 str(COMMON["seq_length"]), "--output", os.path.join(folder, "corpus.mindrecord")])
+    return folder + os.pathsep + assets["tokenizer"]
+
+
+def child(model: str, steps: int, out: str, data: str) -> dict:
     import run_mindformer
     from mindformers_core.training.config import load_config
     from mindformers_core.training.trainer import Trainer
-    keys = dict(COMMON, **(MLA if model == "mla" else {"n_kv_heads": GQA_GROUPS}))
+    keys = dict(COMMON, **(dict(MLA, n_kv_heads=COMMON["num_heads"]) if model == "mla" else {"n_kv_heads": GQA_GROUPS}))
     argv = ["--config", os.path.join(ROOT, "configs", "llama_tiny.yaml"), "--output_dir", out, "--mode", 0,
+            "--train_dataset.type", "mindrecord", "--train_dataset_dir", data.split(os.pathsep)[0],
+            "--train_dataset.tokenizer_file", data.split(os.pathsep)[1],
             "--runner_config.max_steps", steps, "--runner_config.batch_size", BATCH, "--callbacks",
             "[{type: MFLossMonitor}]", "--model.arch.type", MODELS[model]]
     for k, v in keys.items():
@@ -105,10 +124,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--skip_time", action="store_true", help="the cache table only (no training runs)")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print("RESULT " + json.dumps(child(a.child[0], a.steps, a.child[1])), flush=True)
+        print("RESULT " + json.dumps(child(a.child[0], a.steps, a.child[1], a.child[2])), flush=True)
         return 0
     caches = cache_table()
     print("KV-cache bytes per token, all layers (float32; measured from the allocated cache tensors)")
@@ -122,11 +141,12 @@ def main(argv=None) -> int:
     result = {"cache": caches}
     if not a.skip_time:
         runs = {}
+        data = mindrecord(tempfile.mkdtemp(prefix="mla_bench_"))
         for _ in range(a.repeats):
             for model in MODELS:
                 with tempfile.TemporaryDirectory() as tmp:
                     p = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--child", model,
-                                        os.path.join(tmp, "out")], capture_output=True, text=True, cwd=ROOT)
+                                        os.path.join(tmp, "out"), data], capture_output=True, text=True, cwd=ROOT)
                 line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
                 if p.returncode or not line:
                     print(p.stdout[-2000:], p.stderr[-3000:])
