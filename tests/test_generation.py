@@ -66,20 +66,25 @@ def test_one_prompt_alone_stops_at_eos():
 
 
 def test_greedy_loop_in_chunks_and_step_by_step_give_the_same_tokens():
-    """The greedy decode loop in chunks of 5 steps (as a streamer gets them; Qwen2's rows 0 and 2 stop at EOS
-    inside a chunk) and one step per token give transformers' ids, streamed token by token (PyNative: the
-    chunking is the host's; the jit loop is test_greedy_batch_equals_transformers')."""
+    """The greedy decode loop in chunks of 5 steps (as a streamer gets them) and one step per token give
+    transformers' ids, streamed token by token; Qwen2's prompts 0 and 2 stop at EOS inside the first chunk, and
+    alone the loop ends there (PyNative: the chunking is the host's; the jit loop is
+    test_greedy_batch_equals_transformers')."""
     model, generation, model_config, ref = fixture("qwen2")
-    gen = Generator(model, GenerationConfig.from_dict(generation, {"max_new_tokens": 32}),
+    prompts = prompts_of(ref)
+    gen = Generator(model, GenerationConfig.from_dict(generation, {"max_new_tokens": 12}),
                     max_positions=model_config["max_position_embeddings"])
-    want = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
+    want = [[int(t) for t in ref[f"generated_{i}"]][:len(prompts[i]) + 12] for i in range(3)]
     for chunk, loop in ((5, True), (None, False)):
         gen.loop_chunk, gen.greedy_loop = chunk, loop
         streamed = []
-        results, stats = gen.generate(prompts_of(ref), streamer=lambda t, tokens, active: streamed.append(t))
+        results, stats = gen.generate(prompts, streamer=lambda t, tokens, active: streamed.append(t))
         assert [r.token_ids for r in results] == want, f"loop_chunk {chunk}, greedy_loop {loop}"
-        assert streamed == list(range(len(streamed))) and len(streamed) == max(len(r.new_ids) for r in results)
-        assert stats.decode_steps == len(streamed) - 1 == len(stats.step_seconds)
+        assert streamed == list(range(12)) and stats.decode_steps == 11 == len(stats.step_seconds)
+    gen.loop_chunk, gen.greedy_loop = 5, True
+    results, stats = gen.generate([prompts[0], prompts[2]])
+    assert [r.token_ids for r in results] == [want[0], want[2]] and [r.finish_reason for r in results] == ["eos"] * 2
+    assert stats.decode_steps == 4              # 5 tokens: the prefill's and 4 steps; the loop stopped early
 
 
 def full_logits(model, ids):
