@@ -122,7 +122,12 @@ def run(argv, rounds=6, warmup=2):
     model, params = trainer.model, trainer.params
 
     step_fn = trainer.step_fn
-    apply = _closure(step_fn, "apply")
+    host_sum = None
+    try:
+        apply = _closure(step_fn, "apply")
+    except ValueError:      # dp's gradient sum on the host between two graphs (training/steps.py HostDataSum)
+        host_sum = _closure(step_fn, "host_sum")
+        apply = getattr(_closure(step_fn, "apply_fn"), "__wrapped__", _closure(step_fn, "apply_fn"))
     update = _closure(apply, "finish")
     update_obj = getattr(update, "__self__", update)        # PyNative: the bound GradientUpdate.eager
     grad_fn = ms.value_and_grad(model, None, params)
@@ -140,12 +145,16 @@ def run(argv, rounds=6, warmup=2):
         float(loss)
         state["grads"], state["loss"] = (ms.mutable(tuple(grads)) if jit else tuple(grads)), loss
 
+    def summed():       # the host sum is part of the update and of the reduce (the one-graph step's all-reduce)
+        grads = state["grads"] if host_sum is None else host_sum(state["grads"])
+        return ms.mutable(tuple(grads)) if jit and host_sum is not None else grads
+
     def run_update():
-        loss, norm = apply_fn(state["grads"], state["loss"])
+        loss, norm = apply_fn(summed(), state["loss"])
         float(loss)
 
     def run_reduce():
-        out = reduce_fn(state["grads"], state["loss"])
+        out = reduce_fn(summed(), state["loss"])
         float(out[1])
 
     # the collectives the step issues: grads and update once, eagerly, the primitives wrapped
