@@ -12,8 +12,8 @@ included) to 1e-5 of the largest weight:
   step's summed loads shows in step 2's loss and in the saved bias.
 * Multi-token prediction (depth 1, factor 0.3) at 1F1B in PyNative: the last stage holds a copy of the
   embedding and takes each microbatch's ids, the two copies' gradients are summed between the two pipeline ranks
-  (``pipeline/runtime.py`` ``_sum_tied``); loss and ``mtp_loss`` per step = one process, and the checkpoint holds
-  the embedding once with the one process's values. (DualPipeV with MTP, where both ends share rank 0's
+  (``pipeline/runtime.py`` ``_sum_tied``); loss and ``mtp_loss`` per step = one process, the checkpoint holds
+  the embedding once with the one process's values, and so does the Hugging Face export at the end of the run. (DualPipeV with MTP, where both ends share rank 0's
   Parameter, runs in the 8-worker job of tests/test_deepseek_yaml_msrun.py.)
 
 The three runs go in turn (``run_many``) in the suite's batched 2-worker launch (tests/msrun_batch.py); the
@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import run_mindformer
+from mindformers_core.models.hf.folder import open_folder
 from tests.msrun_batch import job
 from tests.test_deepseek_v3_msrun import FOLDER
 from tests.test_hf_msrun import argv, hf_yaml
@@ -52,10 +53,12 @@ def plan():
     """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
     base = tempfile.mkdtemp(prefix="ds3_pp_msrun_")
     config = hf_yaml(base, FOLDER)
-    out = {k: os.path.join(base, k) for k in ("p1_pynative", "p1_mtp_pynative", *MICRO)}
+    out = {k: os.path.join(base, k) for k in ("p1_pynative", "p1_mtp_pynative", *MICRO, "p1_mtp_export",
+                                              "pp2_mtp_export")}
     two = [argv(config, out["pp2_1f1b_pynative"], "--mode", 1, *STEPS, *ONE_F_ONE_B),
            argv(config, out["pp2_dualpipev_jit"], "--mode", 0, *STEPS, *DUALPIPEV),
-           argv(config, out["pp2_mtp_1f1b_pynative"], "--mode", 1, *STEPS, *MTP, *ONE_F_ONE_B)]
+           argv(config, out["pp2_mtp_1f1b_pynative"], "--mode", 1, *STEPS, *MTP, *ONE_F_ONE_B,
+                "--export_hf_dir", out["pp2_mtp_export"])]
     return config, out, two
 
 
@@ -67,7 +70,8 @@ TWO = job("deepseek_v3_pp2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs"
 def runs():
     config, out, two = plan()
     assert run_mindformer.main(argv(config, out["p1_pynative"], "--mode", 1, *STEPS, *ONE)) == 0
-    assert run_mindformer.main(argv(config, out["p1_mtp_pynative"], "--mode", 1, *STEPS, *MTP, *ONE)) == 0
+    assert run_mindformer.main(argv(config, out["p1_mtp_pynative"], "--mode", 1, *STEPS, *MTP, *ONE,
+                                    "--export_hf_dir", out["p1_mtp_export"])) == 0
     assert TWO.results() == [[0] * len(two)] * 2
     return dict(out)
 
@@ -103,3 +107,15 @@ def test_pp2_with_multi_token_prediction_equals_one_process(runs):
     weights, want = saved(runs["pp2_mtp_1f1b_pynative"], 2)[0], saved(runs["p1_mtp_pynative"], 2)[0]
     assert "embedding.word_embeddings.weight" in weights and "mtp.layers.3.transformer_layer.mlp.router.expert_bias" in weights
     assert_same_weights(weights, want)
+
+
+def test_export_after_pp2_with_multi_token_prediction_equals_one_process_export(runs):
+    """The live export at the end of the pp2 MTP run (from the checkpoint that saved the embedding once) holds the
+    folder's tensors and the MTP layer under DeepSeek's model.layers.3.* names (the fixture, saved by transformers,
+    has none: the depth starts from its initial values), with the one process's values."""
+    pp, one = open_folder(str(runs["pp2_mtp_export"])), open_folder(str(runs["p1_mtp_export"]))
+    assert sorted(pp.tensors) == sorted(one.tensors)
+    assert set(open_folder(FOLDER).tensors) < set(pp.tensors)
+    assert "model.embed_tokens.weight" in pp.tensors and "model.layers.3.eh_proj.weight" in pp.tensors
+    with pp.reader() as a, one.reader() as b:
+        assert_same_weights({n: a(n) for n in pp.tensors}, {n: b(n) for n in one.tensors})
