@@ -5,8 +5,8 @@ Reports, per mode (jit by default):
 - prefill and decode tokens/s generating 128 tokens from a 64-token prompt (cache of 192 slots), against
   the old full-recompute path (every new token re-runs the whole model over a fixed 192-token window; the
   same graph compiled once) on the same prompt: seconds and the ratio. "KV cache" is what ``Generator``
-  does for greedy decoding (its decode steps in one graph, ``greedy_loop``); "one step per token" is the
-  same with ``greedy_loop=False`` (a graph launch, the logits' copy and the host's argmax per token);
+  does for greedy decoding (its decode steps in one graph, ``decode_loop``); "one step per token" is the
+  same with ``decode_loop=False`` (a graph launch, the logits' copy and the host's argmax per token);
 - decode time per token by position: an 8-token prompt and 248 new tokens (cache of 256 slots), the loop
   in chunks of 16 steps (``loop_chunk``, what a streamer gets), the time per token of the chunks covering
   positions 8-23 and 232-247 and their ratio (a static cache: flat).
@@ -96,7 +96,7 @@ def timed(fn, n):
 
 def breakdown(model, prompt, repeats, calls=60):
     """The decode step's parts, per token (module docstring); medians over ``repeats`` interleaved rounds."""
-    step_gen = generator(model, NEW, True, greedy_loop=False)
+    step_gen = generator(model, NEW, True, decode_loop=False)
     loop_gen = generator(model, NEW, True)
     step_gen.generate([prompt])                  # compiles the prefill and the decode step
     loop_gen.generate([prompt])                  # compiles the loop
@@ -154,7 +154,7 @@ def main():
         model = build_model(WINDOW)
         # warm-up: compile each graph once (not timed)
         old_path(model, prompt, 2, jit)
-        gen, gen_step = generator(model, NEW, jit), generator(model, NEW, jit, greedy_loop=False)
+        gen, gen_step = generator(model, NEW, jit), generator(model, NEW, jit, decode_loop=False)
         gen_long = generator(model, 248, jit, loop_chunk=16)
         for g, p in ((gen, prompt), (gen_step, prompt), (gen_long, short)):
             cached(g, p)

@@ -65,7 +65,7 @@ def test_one_prompt_alone_stops_at_eos():
     assert results[0].token_ids == [int(t) for t in ref["generated_0"]] and results[0].new_ids[-1] == 2
 
 
-def test_greedy_loop_in_chunks_and_step_by_step_give_the_same_tokens():
+def test_decode_loop_in_chunks_and_step_by_step_give_the_same_tokens():
     """The greedy decode loop in chunks of 5 steps (as a streamer gets them) and one step per token give
     transformers' ids, streamed token by token; Qwen2's prompts 0 and 2 stop at EOS inside the first chunk, and
     alone the loop ends there (PyNative: the chunking is the host's; the jit loop is
@@ -76,12 +76,12 @@ def test_greedy_loop_in_chunks_and_step_by_step_give_the_same_tokens():
                     max_positions=model_config["max_position_embeddings"])
     want = [[int(t) for t in ref[f"generated_{i}"]][:len(prompts[i]) + 12] for i in range(3)]
     for chunk, loop in ((5, True), (None, False)):
-        gen.loop_chunk, gen.greedy_loop = chunk, loop
+        gen.loop_chunk, gen.decode_loop = chunk, loop
         streamed = []
         results, stats = gen.generate(prompts, streamer=lambda t, tokens, active: streamed.append(t))
-        assert [r.token_ids for r in results] == want, f"loop_chunk {chunk}, greedy_loop {loop}"
+        assert [r.token_ids for r in results] == want, f"loop_chunk {chunk}, decode_loop {loop}"
         assert streamed == list(range(12)) and stats.decode_steps == 11 == len(stats.step_seconds)
-    gen.loop_chunk, gen.greedy_loop = 5, True
+    gen.loop_chunk, gen.decode_loop = 5, True
     results, stats = gen.generate([prompts[0], prompts[2]])
     assert [r.token_ids for r in results] == [want[0], want[2]] and [r.finish_reason for r in results] == ["eos"] * 2
     assert stats.decode_steps == 4              # 5 tokens: the prefill's and 4 steps; the loop stopped early
@@ -98,8 +98,8 @@ def full_logits(model, ids):
 def test_every_decode_step_equals_a_full_forward(name, mode):
     model, generation, _, ref = fixture(name)
     prompts = prompts_of(ref)
-    # one step per token (greedy_loop=False): each step's logits come back through run_step
-    gen = Generator(model, GenerationConfig(max_new_tokens=6, eos_token_id=[]), jit=mode == "jit", greedy_loop=False)
+    # one step per token (decode_loop=False): each step's logits come back through run_step
+    gen = Generator(model, GenerationConfig(max_new_tokens=6, eos_token_id=[]), jit=mode == "jit", decode_loop=False)
     results, _ = gen.generate(prompts)
     # replay with the prefill logits and each decode step's logits recorded
     steps = []
@@ -206,10 +206,11 @@ def test_seeded_sampling_repeats_and_pynative_equals_jit():
                                                          repetition_penalty=1.2, max_new_tokens=8, seed=11))
     prompts = prompts_of(ref)
     a, _ = Generator(model, config).generate(prompts)
-    b, _ = Generator(model, config).generate(prompts)
+    b, _ = Generator(model, config, loop_chunk=3).generate(prompts)            # the decode loop in 3 calls
     c, _ = Generator(model, config, jit=True).generate(prompts)
     d, _ = Generator(model, config.replace(seed=12)).generate(prompts)
-    assert [r.new_ids for r in a] == [r.new_ids for r in b] == [r.new_ids for r in c]
+    e, _ = Generator(model, config, decode_loop=False).generate(prompts)       # the chooser on the host side
+    assert [r.new_ids for r in a] == [r.new_ids for r in b] == [r.new_ids for r in c] == [r.new_ids for r in e]
     assert [r.new_ids for r in a] != [r.new_ids for r in d]
     greedy = [[int(t) for t in ref[f"generated_{i}"]][len(p):len(p) + 8] for i, p in enumerate(prompts)]
     assert [r.new_ids for r in a] != greedy

@@ -8,10 +8,11 @@ A finished row (EOS) is fed the pad token and its further tokens are dropped; ge
 is finished or after the new-token budget. The cache has L = P + new tokens slots; each step attends over
 all L (masked), so its cost does not grow with the position.
 
-Greedy decoding (no sampling, no repetition penalty) runs its decode steps inside one graph, a ``while`` loop
-(``Generator._loop_fn``): each step's argmax feeds the next step there and only token ids come back to the
-host. A decode step is a few milliseconds of small kernels, so the per-token graph launch, the logits'
-copy and the host's argmax were a large part of it (bench/generate.py, docs/generation.md "Measured").
+The decode steps run inside one graph, a ``while`` loop (``Generator._loop_fn``): each step's token (the
+argmax; with sampling or a repetition penalty ``TokenChooser``, fed the host's uniforms for those steps) is
+the next step's input there, and only token ids come back to the host. A decode step is a few milliseconds
+of small kernels, so the per-token graph launch, the logits' copy and the host's token choice were a large
+part of it (bench/generate.py, docs/generation.md "Measured").
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from .config import GenerationConfig
 from .sampling import TokenChooser, uniform_noise
 
 
-STREAM_CHUNK = 16      # greedy steps per loop call when a streamer wants the tokens as they come
+STREAM_CHUNK = 16      # decode steps per loop call when a streamer wants the tokens as they come
+SAMPLE_CHUNK = 16      # decode steps per loop call when sampling (the uniforms of each step are an input)
 
 
 class CachedStep(nn.Cell):
@@ -117,7 +119,7 @@ class Generator:
     on one process. ``max_positions``: the model's maximum sequence (prompt + new tokens), checked first."""
 
     def __init__(self, model, config: GenerationConfig, jit: bool = False, max_positions: Optional[int] = None,
-                 parallel_config=None, greedy_loop: bool = True, loop_chunk: Optional[int] = None):
+                 parallel_config=None, decode_loop: bool = True, loop_chunk: Optional[int] = None):
         self.parallel_config = parallel_config     # a TransformerConfig with parallel sizes: shard the step
         if parallel_config is not None:
             check_parallel(parallel_config)
@@ -127,15 +129,16 @@ class Generator:
         self.max_positions = max_positions
         self.vocab_size = int(model.config.vocab_size)
         self.chooser = TokenChooser(config, self.vocab_size)
+        self.plain_greedy = not config.do_sample and float(config.repetition_penalty) == 1.0
         self.step = None                # a CachedStep, made for each cache shape (prepare)
         self._shape = None
         self._caches = None
         self._compiled = {}
         self._choose = compile_blocking(self._choose_fn) if self.jit else self._choose_fn
-        # greedy decode steps in one graph (``_loop_fn``); False: one step (graph) per token, whose logits
-        # ``run_step`` returns (the tests read them). Tensor parallel keeps one step per token (the loop over a
-        # sharded step is not proven)
-        self.greedy_loop = bool(greedy_loop) and parallel_config is None
+        # decode steps in one graph (``_loop_fn``); False: one step (graph) per token, whose logits ``run_step``
+        # returns (the tests read them). Tensor parallel keeps one step per token (the loop over a sharded step
+        # is not proven)
+        self.decode_loop = bool(decode_loop) and parallel_config is None
         # at most this many steps per loop call (None: all that remain; with a streamer STREAM_CHUNK)
         if loop_chunk is not None and int(loop_chunk) < 1:
             raise ValueError(f"Generator: loop_chunk = {loop_chunk}: must be a positive number of steps or None")
@@ -148,20 +151,32 @@ class Generator:
     def _choose_fn(self, logits, presence, banned, uniform):
         return self.chooser(logits, presence, banned, uniform)
 
-    def _loop_fn(self, tokens, positions, slot, valid, finished, steps, is_eos, pads):
-        """At most ``steps`` greedy decode steps in one graph, from ``tokens`` (b, 1) at ``positions`` (b, 1) and
-        cache slot ``slot`` (1,): each step's token is the argmax of its logits (a finished row's: its pad,
-        ``pads`` (b,)), a row finishes at a token with ``is_eos`` (V,) set, and the loop ends early when every
-        row has finished -- what the host loop does one step at a time. Returns (tokens (b, L) int32, column j
-        the token of step j; the number of steps run)."""
+    def _loop_fn(self, tokens, positions, slot, valid, finished, steps, is_eos, pads, presence, noise):
+        """At most ``steps`` decode steps in one graph, from ``tokens`` (b, 1) at ``positions`` (b, 1) and cache
+        slot ``slot`` (1,): each step's token is the argmax of its logits, or with sampling or a repetition
+        penalty the chooser's (``presence`` (b, V): the rows' tokens so far, updated here as the host does;
+        ``noise[j]`` (b, V): the host's uniforms of step j), a finished row's its pad (``pads`` (b,)); a row
+        finishes at a token with ``is_eos`` (V,) set, and the loop ends early when every row has finished --
+        what the host loop does one step at a time. Returns (tokens (b, L) int32, column j the token of step
+        j; the number of steps run)."""
         b, length = valid.shape
         out = ops.zeros((b, length), ms.int32)
         columns = ops.expand_dims(ops.arange(length, dtype=ms.int32), 0)
+        vocab = ops.expand_dims(ops.arange(presence.shape[-1], dtype=ms.int32), 0)
+        no_ban = ops.zeros_like(presence)
         i = ops.zeros((), ms.int32)
         done = finished
         while ops.logical_and(i < steps, ops.logical_not(ops.all(done))):
-            logits = self.step(tokens, positions + i, slot + i, valid)
-            best = ops.select(done, pads, ops.cast(ops.argmax(logits[:, -1, :], -1), ms.int32))
+            logits = self.step(tokens, positions + i, slot + i, valid)[:, -1, :]
+            if self.plain_greedy:
+                chosen = ops.cast(ops.argmax(logits, -1), ms.int32)
+            else:
+                uniform = ops.gather(noise, i, 0) if self.chooser.do_sample else noise[0]
+                chosen = self.chooser(logits, presence, no_ban, uniform)[0]
+            best = ops.select(done, pads, chosen)
+            if not self.plain_greedy:       # the token joins its row's tokens (not a finished row's pad)
+                hit = ops.logical_and(vocab == ops.expand_dims(best, 1), ops.expand_dims(ops.logical_not(done), 1))
+                presence = ops.select(hit, ops.ones_like(presence), presence)
             done = ops.logical_or(done, ops.gather(is_eos, best, 0) > 0)
             out = ops.select(columns == i, ops.broadcast_to(ops.expand_dims(best, 1), (b, length)), out)
             tokens = ops.expand_dims(best, 1)
@@ -221,13 +236,14 @@ class Generator:
             self._compiled[name] = compile_blocking(fn, cells=[self.model])
         return self._compiled[name]
 
-    def run_loop(self, tokens, positions, slot, valid, finished, steps, is_eos, pad):
+    def run_loop(self, tokens, positions, slot, valid, finished, steps, is_eos, pad, presence, noise):
         """``_loop_fn`` from NumPy inputs -> (tokens (b, count) int64, count)."""
         b = tokens.shape[0]
         out, count = self._fn("loop")(
             Tensor(tokens.astype(np.int32)[:, None]), Tensor(positions.astype(np.int32)[:, None]),
             Tensor(np.array([slot], np.int32)), Tensor(valid.astype(np.int32)), Tensor(finished.astype(np.bool_)),
-            Tensor(np.int32(steps)), Tensor(is_eos), Tensor(np.full((b,), pad, np.int32)))
+            Tensor(np.int32(steps)), Tensor(is_eos), Tensor(np.full((b,), pad, np.int32)), Tensor(presence),
+            Tensor(noise))
         count = int(count.asnumpy())
         return out.asnumpy()[:, :count].astype(np.int64), count
 
@@ -272,11 +288,14 @@ class Generator:
         if eos.size:
             eos_ban[:, eos] = 1.0
         rng = np.random.default_rng(cfg.seed)
-        plain_greedy = not cfg.do_sample and float(cfg.repetition_penalty) == 1.0
+        plain_greedy = self.plain_greedy
         is_eos = np.zeros(self.vocab_size, np.int32)
         if eos.size:
             is_eos[eos] = 1
         chunk = self.loop_chunk or (STREAM_CHUNK if streamer is not None else new)
+        if cfg.do_sample:
+            chunk = min(chunk, SAMPLE_CHUNK)
+        loop_noise = np.ones((SAMPLE_CHUNK if cfg.do_sample else 1, b, self.vocab_size), np.float32) / 2
         pending = []                    # tokens the decode loop chose, one (b,) array per step, oldest first
         stats = GenerationStats(prefill_tokens=int(sum(len(p) for p in prompts)))
         t0 = time.perf_counter()
@@ -290,7 +309,8 @@ class Generator:
         t_decode = time.perf_counter()
         for t in range(new):
             banned = eos_ban if t < cfg.min_new_tokens else no_ban
-            noise = uniform_noise(rng, (b, self.vocab_size)) if cfg.do_sample else no_ban
+            # the uniforms of a step the loop ran were drawn before it, in this order
+            noise = uniform_noise(rng, (b, self.vocab_size)) if cfg.do_sample and not pending else no_ban
             if pending:
                 tokens = pending.pop(0)
             elif plain_greedy and t >= cfg.min_new_tokens:
@@ -314,11 +334,14 @@ class Generator:
                 break
             if pending:
                 continue
-            if self.greedy_loop and plain_greedy and t + 1 >= cfg.min_new_tokens:
-                # the next steps inside one graph: greedy from token t + 1 on, no chooser needed
+            if self.decode_loop and t + 1 >= cfg.min_new_tokens:
+                # the next steps inside one graph (no EOS ban from token t + 1 on)
                 s0 = time.perf_counter()
-                out, count = self.run_loop(tokens, lengths + t, width + t, valid, finished,
-                                           min(chunk, new - 1 - t), is_eos, pad)
+                steps = min(chunk, new - 1 - t)
+                if cfg.do_sample:
+                    loop_noise[:steps] = uniform_noise(rng, (steps, b, self.vocab_size))
+                out, count = self.run_loop(tokens, lengths + t, width + t, valid, finished, steps, is_eos, pad,
+                                           presence, loop_noise)
                 per_step = (time.perf_counter() - s0) / max(count, 1)
                 pending = [out[:, j] for j in range(count)]
                 stats.step_seconds.extend([per_step] * count)
