@@ -165,7 +165,7 @@ def main(argv=None) -> int:
                   f"  {[round(t, 4) for t in rs[0]['step_times']]}")
         ratio = timing["mla"]["median_s"] / timing["llama_gqa"]["median_s"]
         print(f"MLA / Llama step time: {ratio:.2f}")
-        result["step"] = dict(timing, ratio=ratio, batch=BATCH, sizes=COMMON, mla=MLA, gqa_groups=GQA_GROUPS)
+        result["step"] = dict(timing, ratio=ratio, batch=BATCH, sizes=COMMON, mla_sizes=MLA, gqa_groups=GQA_GROUPS)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "mla.json"), "w") as f:
         json.dump(result, f, indent=2)
