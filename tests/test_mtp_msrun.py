@@ -2,7 +2,7 @@
 graph-mode key), 2 steps, at tensor parallel 2 (jit: the depths' eh_proj column-split, the shared embedding and
 head vocab-split, the shifted-label cross-entropy over vocab shards) and data parallel 2 (PyNative: the masked
 means' token counts over the global batch); losses and the logged ``mtp_loss`` to a relative 1e-5 of one process
-in the same mode. (MTP with pipeline parallelism is refused before any process group: tests/test_deepseek_yaml.py.)
+in the same mode. (MTP under pipeline parallelism: tests/test_deepseek_pp_msrun.py and tests/test_deepseek_yaml_msrun.py.)
 
 The two runs go in turn (``run_many``) in the suite's batched 2-worker launch (tests/msrun_batch.py); the
 one-process references run here."""
