@@ -7,7 +7,8 @@ embedding of the tokens shifted by k, and predicts token t+k+1 at position t::
     loss_k = masked mean of CE(head(h_k), labels[t+k]) over loss_mask[t+k], positions t+k past the end dropped
 
 The embedding and the output head are the main model's (shared, not copied): ``emb[t+k]`` is the main model's
-embedding output at position t+k (the ids there, looked up once), and each depth's ``head`` is its own Cell holding
+embedding output at position t+k (the ids there, looked up once; on a pipeline's last stage, which has no embedding,
+the lookup of the microbatch's ids in the stage's copy of the table: ``GPTModel``, ``token_ids``), and each depth's ``head`` is its own Cell holding
 the main head's weight Parameter (the same object: one Cell per call site, as the sharding pass wants, and every
 use of the weight inside an op, so its gradient is summed like any shared parameter's). ``enorm``, ``hnorm``,
 ``eh_proj``, the transformer layer and ``shared_head_norm`` are the depth's own, their parameters named by the
