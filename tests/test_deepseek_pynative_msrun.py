@@ -2,7 +2,8 @@
 on 4 workers equals one process. The file is shrunk on the command line in its own dialect (sizes, float32,
 data, 2 steps at lr 1e-3); everything else is the file's: multi-latent attention with YaRN (factor 40),
 one MTP depth (factor 0.3), sigmoid group-limited routing with the expert bias and the sequence-wise aux loss,
-full recompute, gradient clipping at 1.0, sequence parallelism, and its fully sharded data parallelism
+full recompute of layers 0-3 (all 3 of the shrunk model), gradient clipping at 1.0, sequence parallelism, and its
+fully sharded data parallelism
 (``data_parallel_shard_strategy: optim_grads_params``: hsdp level3). Its parallel sizes (all 1, data parallel
 = every worker) are shrunk to 4 workers as data parallel 2 x tensor parallel 2 (sequence parallel on) with
 the experts over ep 2. A second run of the same file covers Ulysses context parallelism with hsdp: dp2 x cp2

@@ -95,6 +95,21 @@ def test_pynative_fsdp_strategy_is_hsdp_level3_over_data_parallel():
                       "another split use optim_grads_params or remove the key (plain data parallel)"], errors
 
 
+@pytest.mark.parametrize("layers, read", [(["0-3"], [4]), ([0, "1-2"], [3]), (["0-3", 5], None), (["2-3"], None),
+                                          (["x"], None)])
+def test_pynative_full_recompute_layer_is_read_as_the_first_layers(layers, read):
+    """recompute.full_recompute_layer (mode full, no pipeline): a range from layer 0 = recompute_config.recompute
+    [n] (the first n layers); other selections named."""
+    raw = read_yaml(real("pynative_ds3.yaml"))
+    raw["recompute"]["full_recompute_layer"] = layers
+    cfg, report, errors = translate(raw)
+    if read is None:
+        assert len(errors) == 1 and errors[0].startswith(f"recompute.full_recompute_layer = {layers!r}: "), errors
+    else:
+        assert not errors and cfg["recompute_config"]["recompute"] == read
+        assert report.origin["recompute_config.recompute"] == "recompute.full_recompute_layer"
+
+
 @pytest.mark.parametrize("keys, message", [
     ({"rotary_scaling_factor": 4}, "model.rotary_scaling_factor = 4: a YaRN setting, read only with "
                                    "model.position_embedding_type: yarn"),

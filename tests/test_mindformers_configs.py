@@ -86,7 +86,7 @@ NOT_APPLIED = {   # a few of the keys each file lists as not applied on CPU
     "pynative_train_config.yaml": ["monitor.train_state.local_norm", "profiler.enable_profiling",
                                    "checkpoint.save_path",
                                    "context.max_device_memory"],
-    "pynative_ds3.yaml": ["parallelism.data_parallel_shard_strategy", "recompute.full_recompute_layer"],
+    "pynative_ds3.yaml": ["parallelism.data_parallel_shard_strategy", "model.mla_qkv_concat"],
 }
 
 

@@ -305,3 +305,29 @@ def test_jit_parity_with_dropout():
     base = _grads(lambda m: None, drop=0.1, jit=True)
     for name in ("select_patterns", "full", "swap_layers_and_recompute"):
         _assert_same(_grads(SETUPS[name], drop=0.1, jit=True), base, 1e-6, f"jit {name}")
+
+
+def test_a_layer_wrapped_by_parallelize_can_be_a_recompute_unit():
+    """parallelize wraps a Cell whose boundary redistributes in a ShardedCall (an MTP layer under sequence
+    parallel, issue 32); MindSpore's Cell.recompute asked the wrapper hasattr('_recompute_cell') and got the
+    inner Cell's answer, refusing the unit. The wrapped unit recomputes and gives the same loss and gradients."""
+    from mindspore import nn
+    from mindformers_core.recompute.units import set_recompute
+    from mindformers_core.sharding.boundary import Passthrough, ShardedCall
+    ms.set_seed(0)
+    x = Tensor(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+
+    def loss_and_grads(recompute):
+        ms.set_seed(1)
+        inner = nn.Dense(8, 8)
+        cell = ShardedCall(inner, [Passthrough()], [Passthrough()], True)
+        if recompute:
+            set_recompute(cell, "layer")
+        fn = ms.value_and_grad(lambda v: (cell(v) ** 2).sum(), None, cell.trainable_params())
+        loss, grads = fn(x)
+        return float(loss), [g.asnumpy() for g in grads]
+
+    plain, recomputed = loss_and_grads(False), loss_and_grads(True)
+    assert recomputed[0] == plain[0]
+    for a, b in zip(recomputed[1], plain[1]):
+        np.testing.assert_array_equal(a, b)

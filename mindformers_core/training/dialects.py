@@ -749,6 +749,8 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
                                 "set it to null")
         elif path in ("train_dataset.dataloader.column_names", "train_dataset.input_columns"):
             t.columns(path, value)                                 # input_columns: HFDataLoader's batch keys
+        elif re.sub(r"\[\d+\]$", "", path) == "recompute.full_recompute_layer":
+            continue                                               # below, with the pipeline size
         elif path == "recompute.mode":
             mode = str(value).lower()
             if mode in ("none", "full", "select"):
@@ -806,6 +808,7 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
         _set(t.out, "parallel_config.data_parallel", dp)
     dp = _get(t.out, "parallel_config.data_parallel")
     _fsdp_strategy(t, _get(raw, "parallelism.data_parallel_shard_strategy", _MISSING), dp)
+    _full_recompute_layers(t, raw.get("recompute"), pp)
     if "use_parallel" not in t.given:
         _set(t.out, "use_parallel", worker_num > 1)
     if "runner_config.max_steps" in t.given:
@@ -830,6 +833,35 @@ def _pynative(raw: Dict[str, Any], worker_num: int) -> Tuple[Dict[str, Any], _Tr
                 t.report.origin["parallel_config.micro_batch_num" if pp > 1 else
                                 "runner_config.gradient_accumulation_steps"] = "training.global_batch_size"
     return t.out, t
+
+
+def _full_recompute_layers(t: _Translation, rec: Any, pp: int) -> None:
+    """``recompute.full_recompute_layer`` (layer indices and ``"a-b"`` ranges, with ``mode: full``): without a
+    pipeline, a prefix ``0..n-1`` is ``recompute_config.recompute: [n]`` (the first n layers; n at or past the
+    layer count = all of them). Other selections are named: our full recompute takes per-stage layer counts."""
+    user = "recompute.full_recompute_layer"
+    if not isinstance(rec, dict) or rec.get("full_recompute_layer") in _EMPTY + ([],):
+        return
+    value = rec["full_recompute_layer"]
+    if str(rec.get("mode", "none")).lower() != "full":
+        t.skip(user, "read with recompute.mode full only")
+        return
+    layers = set()
+    for item in value if isinstance(value, list) else [value]:
+        text = str(item)
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+        if isinstance(item, bool) or m is None or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            t.errors.append(f"{user} = {value!r}: give layer indices and 'a-b' ranges (e.g. ['0-3'])")
+            return
+        layers.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    n = len(layers)
+    if pp != 1 or layers != set(range(n)):
+        t.errors.append(f"{user} = {value!r}: only the first layers (a range starting at 0) without a pipeline "
+                        f"(parallelism.pipeline_parallel 1) are read here; full recompute takes per-stage layer "
+                        "counts (graph mode's recompute_config.recompute list)")
+        return
+    _set(t.out, "recompute_config.recompute", [n])
+    t.report.origin["recompute_config.recompute"] = user
 
 
 def _fsdp_strategy(t: _Translation, value: Any, dp: Any) -> None:
@@ -895,6 +927,8 @@ def table_markdown() -> str:
     out += ["| `training.global_batch_size` | `runner_config.gradient_accumulation_steps` (pipeline: "
             "`parallel_config.micro_batch_num`) = global / (local_batch_size x data parallel) |",
             "| `parallelism.data_parallel_shard: -1` | data parallel = workers / (tp x cp x pp) |",
+            "| `recompute.full_recompute_layer: ['0-3']` (`mode: full`, no pipeline) | "
+            "`recompute_config.recompute: [4]` (the first 4 layers) |",
             "| `parallelism.data_parallel_shard_strategy: optim_grads_params` | `parallel.enable_parallel_optimizer` "
             "+ `hsdp.optimizer_level: level3`, `hsdp.threshold: 0` when data parallel > 1 (MindFormers' FSDP: "
             "optimizer state, gradients and weights sharded, whatever their size) |",

@@ -279,7 +279,7 @@ PYNATIVE_ALIASES: Dict[str, str] = {
 }
 # PyNative keys with their own code in dialects.py (batch sizes, checkpoint saving, model class, recompute, ...)
 PYNATIVE_SPECIAL = ("training.global_batch_size", "training.rampup_batch_size", "checkpoint.enable_save",
-                    "parallelism.data_parallel_shard_strategy",
+                    "parallelism.data_parallel_shard_strategy", "recompute.full_recompute_layer",
                     "checkpoint.save_interleaved_steps", "checkpoint.save_max", "checkpoint.prefix",
                     "checkpoint.async_save",
                     "train_dataset.dataloader.column_names", "train_dataset.input_columns", "recompute.mode",
@@ -313,7 +313,7 @@ PYNATIVE_NOT_APPLIED: Dict[str, str] = {
                                            "profile_cpu", "with_stack")},
     **{f"context.{k}": ASCEND for k in ("max_device_memory", "device_id", "jit_config.*", "ascend_config.*",
                                         "max_call_depth", "memory_optimize_level", "deterministic")},
-    "recompute.full_recompute_layer": KERNELS, "recompute.select_module": KERNELS, "recompute.exclude_op": KERNELS,
+    "recompute.select_module": KERNELS, "recompute.exclude_op": KERNELS,
     "recompute_comm.*": KERNELS, "trust_remote_code": REMOTE_CODE, "print_separate_loss": MONITOR,
     "callbacks.param": MISC,
 }
