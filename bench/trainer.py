@@ -20,7 +20,8 @@ vocab 1024, global batch 8, AdamW, fp32. Configurations:
   except for the pipeline's and hsdp's compiled parts);
 * ``dp2_mccl``: dp2 with ``MFC_HOST_SUM=0``: the gradients summed by MindSpore's CPU all-reduce inside the
   one-graph step instead of through shared memory between the gradient and update graphs
-  (``mindformers_core/distributed/comm/host_sum.py``).
+  (``mindformers_core/distributed/comm/host_sum.py``);  ``dp2_zero1``: dp2 with the optimizer split over
+  the ranks (``parallel.enable_parallel_optimizer``, hsdp level1).
 
 Per row: the largest relative difference of its losses to ``1proc``'s (same data: parity), the
 median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
@@ -101,8 +102,12 @@ for _name in ("1proc", "dp2", "tp2", "pp2"):
 # between the gradient and update graphs (distributed/comm/host_sum.py): the before/after of that change
 MCCL = "_mccl"
 CONFIGS["dp2" + MCCL] = CONFIGS["dp2"]
+# dp2 with the optimizer split over the two ranks (hsdp level1, ZeRO-1: gradients reduce-scattered, each rank
+# updates its half, parameters all-gathered), through MindSpore's collectives
+CONFIGS["dp2_zero1"] = (2, CONFIGS["dp2"][1] + ["--parallel.enable_parallel_optimizer", "True",
+                                                 "--hsdp.optimizer_level", "level1"])
 PLAIN = ("plain", "plain_clip")   # the plain-MindSpore rows (no mindformers_core): without / with clipping
-DP = {"dp2": 2, "dp2tp2": 2}
+DP = {"dp2": 2, "dp2tp2": 2, "dp2_zero1": 2}
 MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microbatch (MindFormers)
 
 
