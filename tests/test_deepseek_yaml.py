@@ -48,8 +48,8 @@ def test_research_file_names_only_what_is_not_built_or_must_change_here(capsys):
     listed = {k for k, _ in report.not_applied}
     assert "model.model_config.return_extra_loss" in listed      # the extra losses always join the loss here
     # its two load-balancing factors: MindFormers' grouped-matmul MoE (MoEV3, use_gmm: True) reads the 'expert'
-    # entry of aux_loss_factors over all tokens of its batch slice; aux_loss_factor (0.05) is the older router's
-    assert mc["moe_aux_loss_coeff"] == 0.0001 and mc["moe_router_load_balancing_type"] == "aux_loss"
+    # entry of aux_loss_factors; aux_loss_factor (0.05) is the older router's
+    assert mc["moe_aux_loss_coeff"] == 0.0001 and "moe_router_load_balancing_type" not in mc
     assert "moe_config.aux_loss_factor" in listed
 
 
@@ -195,7 +195,7 @@ def test_shrunk_research_file_trains_2_steps_with_mtp(megatron, tmp_path, capsys
     """MindFormers' research DeepSeek-V3 file (mtp_depth 1, mtp_loss_factor 0.3, MLA sizes, moe_config block with
     sigmoid routing and the expert bias), sizes/data/parallel sizes shrunk on the command line; its research-model
     auto_register lines (a module of the MindFormers tree) are dropped; its load-balancing factor is
-    aux_loss_factors' [0.0001] (MoEV3's, batch-level aux_loss)."""
+    aux_loss_factors' [0.0001] (MoEV3's)."""
     import yaml
     raw = read_yaml(real("research_pretrain_deepseek3_671b.yaml"))
     del raw["model"]["model_config"]["auto_register"], raw["model"]["arch"]["auto_register"]

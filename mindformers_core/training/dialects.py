@@ -312,14 +312,11 @@ class _Translation:
         if name in K.MOE_CONFIG_KEYS:
             if _hashable(value) and value in _EMPTY:
                 return
-            if name in ("aux_loss_factor", "aux_loss_factors") and self.grouped_moe_factors():
+            if name == "aux_loss_factor" and self.grouped_moe_factors():
                 # MindFormers' grouped-matmul MoE (MoEV3, use_gmm) takes its expert load-balancing factor from
-                # aux_loss_factors at aux_loss_types' 'expert' and computes the loss over all tokens of its slice
-                # of the batch (not per sequence); the single aux_loss_factor is the older router's
-                if name == "aux_loss_factor":
-                    self.skip(path, K.MOE_V3_FACTOR)
-                    return
-                self.put("model.model_config.moe_router_load_balancing_type", "aux_loss", path)
+                # aux_loss_factors at aux_loss_types' 'expert'; the single aux_loss_factor is the older router's
+                self.skip(path, K.MOE_V3_FACTOR)
+                return
             if name == "expert_num" and isinstance(value, int) and not isinstance(value, bool) and value <= 1:
                 self.skip(path, K.MISC)                                  # one expert: a dense model
                 return
@@ -914,8 +911,8 @@ def table_markdown() -> str:
             "| key in the file | read as |", "|---|---|"]
     out += [f"| `moe_config.{k}` | `model.model_config.{v}`"
             + {"use_gating_sigmoid": " (`sigmoid` / `softmax`)", "expert_num": " (<= 1: a dense model)",
-               "aux_loss_factors": " (one factor; with `use_gmm: True` also `moe_router_load_balancing_type: aux_loss`, "
-                                   "and `aux_loss_factor` beside it is not read, as MindFormers' MoEV3)"
+               "aux_loss_factors": " (one factor; with `use_gmm: True`, `aux_loss_factor` beside it is not read, "
+                                   "as MindFormers' MoEV3)"
                }.get(k, "") + " |" for k, v in K.MOE_CONFIG_KEYS.items()]
     out += ["", "### YaRN in MindFormers' flat keys (both dialects, applied)", "",
             "With `position_embedding_type: yarn` these keys make one `model.model_config.rope_scaling` mapping (type "
