@@ -10,10 +10,12 @@ on CPU. When every rank of a group runs on this host, the same sum is a few memo
    (in rank order: every rank gets the same bits) into the result area, and bumps again;
 3. once every counter has moved again, each rank copies the result out.
 
-A rank writes only its own slot and counter, and rewrites its slot only after every rank has
-finished reading the previous result (step 1 of the next call waits for step 3 of this one on
-the others), so no locks are needed. Waiting sleeps in short naps (it does not spin on a core
-the other rank needs).
+No locks: a rank writes only its own slot and counter; it rewrites its slot (step 1 of the next
+call) only after every rank has bumped past step 2, i.e. has summed from it, and rewrites the result
+area only after every rank has bumped past step 1 of the next call, i.e. has copied the result out.
+Waiting sleeps in short naps (it does not spin on a core the other rank needs). The file is
+unlinked once every rank has mapped it (after the first phase of the first call), so a killed job
+leaves nothing in /dev/shm.
 
 ``HostSum(ranks, shapes)`` runs on the host, between compiled graphs (a ``pyfunc`` operator inside
 a graph fails in MindSpore 2.10's synchronous launch: "The prim is not a PrimitivePy") or among
@@ -36,18 +38,19 @@ _HEADER = 4096
 _TIMEOUT_S = float(os.environ.get("MFC_HOST_SUM_TIMEOUT", "600"))
 
 
-def host_sum_enabled() -> bool:
+def host_sum_enabled(environ=None) -> bool:
     """``MFC_HOST_SUM=0`` turns the shared-memory sum off (MindSpore's collective everywhere)."""
-    return os.environ.get("MFC_HOST_SUM", "1") != "0"
+    return (os.environ if environ is None else environ).get("MFC_HOST_SUM", "1") != "0"
 
 
 def host_sum_applies(ranks: Sequence[int], dtypes: Sequence) -> bool:
     """Whether ``HostSum`` can replace MindSpore's all-reduce over ``ranks`` for tensors of ``dtypes``:
-    enabled, a CPU job, more than one rank, float32 only, every rank of the job on this host."""
+    enabled, a CPU job launched by msrun (its scheduler port names the shared file), more than one rank,
+    float32 only, every rank of the job on this host."""
     import mindspore as ms
     from mindspore import communication as mc
     from ..env import get_env
-    if not host_sum_enabled() or len(ranks) < 2 or get_env().device_target != "CPU":
+    if not host_sum_enabled() or len(ranks) < 2 or not os.environ.get("MS_SCHED_PORT") or get_env().device_target != "CPU":
         return False
     if any(d != ms.float32 for d in dtypes):
         return False
@@ -62,8 +65,10 @@ class _Segment:
 
     def __init__(self, ranks: Tuple[int, ...], me: int, floats: int):
         self.n, self.me, self.floats = len(ranks), me, floats
-        job = f"{os.getppid()}_{os.environ.get('MS_SCHED_PORT', '0')}"
+        # the job's scheduler address names the file: one live job per port on a host
+        job = f"{os.environ.get('MS_SCHED_HOST', '')}_{os.environ['MS_SCHED_PORT']}"
         self.path = f"/dev/shm/mfc_host_sum_{job}_{'_'.join(map(str, ranks))}_{floats}"
+        self.linked = True
         size = _HEADER + (self.n + 1) * floats * 4
         fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
@@ -101,6 +106,10 @@ class _Segment:
                 mine[at:at + a.size] *= np.float32(scale)
             at += a.size
         self._publish_and_wait()
+        if self.linked:     # every rank has the file mapped now: the name can go (nothing left if a rank is killed)
+            self.linked = False
+            if self.me == 0:
+                os.unlink(self.path)
         c = self.chunk
         np.add(self.slots[0, c], self.slots[1, c], out=self.result[c])
         for r in range(2, self.n):
@@ -116,7 +125,8 @@ class _Segment:
         try:
             self.counters = self.slots = self.result = None
             self.map.close()
-            os.unlink(self.path)
+            if self.linked:
+                os.unlink(self.path)
         except (OSError, BufferError, ValueError):
             pass
 
