@@ -11,17 +11,24 @@ from mindformers_core.testing.batch import MsrunBatch
 from mindformers_core.testing.msrun import MsrunError
 
 
+class Recorded(list):
+    """The launches (nproc, job names, thread) and, in ``environments``, the base environment of each."""
+    environments: list
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    seen = []
+    seen, seen_env = Recorded(), []
 
-    def fake_run_msrun(target, nproc, kwargs, timeout, env=None):
+    def fake_run_msrun(target, nproc, kwargs, timeout, env=None, base_env=None):
         seen.append((nproc, [name for name, _, _ in kwargs["jobs"]], threading.current_thread().name))
+        seen_env.append(base_env)
         time.sleep(0.05)
         if nproc == 8:
             raise MsrunError("rank 3 failed")
         return [{name: (rank, kw) for name, _, kw in kwargs["jobs"]} for rank in range(nproc)]
     monkeypatch.setattr(batch_module, "run_msrun", fake_run_msrun)
+    seen.environments = seen_env
     return seen
 
 
@@ -46,3 +53,27 @@ def test_prelaunch_runs_each_worker_count_once_in_the_background_most_workers_fi
     assert skipped.results() == [(0, {}), (1, {})]                # outside the selection: launched when asked
     assert [n for n, _, _ in launches] == [8, 4, 2, 2]
     assert batch.prelaunch() == []                                # nothing left to start
+
+
+def test_background_launches_take_the_environment_of_their_start(launches, monkeypatch):
+    """A test that sets a variable while a background launch is pending (MFC_FAULT, MFC_HOST_SUM) must not
+    reach that launch's workers: the launches start from the environment of prelaunch()."""
+    monkeypatch.delenv("MFC_PRELAUNCH_PROBE", raising=False)
+    batch = MsrunBatch()
+    gate = threading.Event()
+    first = batch.add("slow", 4, "m:f", {}, group="g")
+    later = batch.add("later", 2, "m:f", {}, group="g")
+    original = batch_module.run_msrun
+
+    def held(*args, **kwargs):
+        if args[1] == 4:
+            gate.wait(5)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(batch_module, "run_msrun", held)
+    batch.select({"g"})
+    assert batch.prelaunch() == [4, 2]
+    monkeypatch.setenv("MFC_PRELAUNCH_PROBE", "set by a test meanwhile")
+    gate.set()
+    first.results(), later.results()
+    assert len(launches.environments) == 2
+    assert all(env is not None and "MFC_PRELAUNCH_PROBE" not in env for env in launches.environments)

@@ -20,6 +20,7 @@ cores idle goes first. A job's ``results()`` then waits for its launch.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -128,11 +129,14 @@ class MsrunBatch:
         for nproc in counts:
             plans.append((nproc, self._specs(self._members(nproc, None)), None))
             self._running[nproc] = threading.Event()
+        # the environment of now: a launch starting later must not take what a test running meanwhile set
+        # (e.g. a monkeypatched MFC_FAULT or MFC_HOST_SUM)
+        environment = dict(os.environ)
 
         def run_all():
             for nproc, (specs, timeout), done in plans:
                 try:
-                    self._run(nproc, specs, timeout, done)
+                    self._run(nproc, specs, timeout, done, environment)
                 finally:
                     self._running.pop(nproc).set()
         if plans:
@@ -153,11 +157,11 @@ class MsrunBatch:
         specs, timeout = self._specs(members)
         self._run(nproc, specs, timeout, done)
 
-    def _run(self, nproc: int, specs, timeout: float, done) -> None:
+    def _run(self, nproc: int, specs, timeout: float, done, environment=None) -> None:
         start = time.monotonic()
         try:
             results = run_msrun(f"{__name__}:run_jobs", nproc, kwargs={"jobs": specs}, timeout=timeout,
-                                env=self.env)
+                                env=self.env, base_env=environment)
         except MsrunError as e:
             self._outcome[nproc] = e
             return

@@ -42,9 +42,11 @@ def msrun_executable() -> str:
     return found
 
 
-def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """Environment for workers: this interpreter first on PATH, our sys.path importable, quiet logs."""
-    env = dict(os.environ)
+def child_env(extra: Optional[Dict[str, str]] = None, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Environment for workers: this interpreter first on PATH, our sys.path importable, quiet logs.
+    ``base``: the environment to start from instead of ``os.environ`` now (a launch started from a
+    background thread takes the one of its start, not what a test running meanwhile has set)."""
+    env = dict(os.environ if base is None else base)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
@@ -127,8 +129,10 @@ def _wait(proc: subprocess.Popen, out_dir: str, deadline: float, nproc: int) -> 
 
 def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
               timeout: float = 300.0, env: Optional[Dict[str, str]] = None,
-              work_dir: Optional[str] = None, keep: bool = False) -> List[Any]:
-    """Run ``module:function`` on ``nproc`` msrun workers; return the per-rank results."""
+              work_dir: Optional[str] = None, keep: bool = False,
+              base_env: Optional[Dict[str, str]] = None) -> List[Any]:
+    """Run ``module:function`` on ``nproc`` msrun workers; return the per-rank results. ``env``: variables
+    added for the workers; ``base_env``: the environment they start from (default: ``os.environ``)."""
     if ":" not in target:
         raise ValueError(f"run_msrun: target={target!r} must look like 'package.module:function'")
     if not isinstance(nproc, int) or nproc < 1:
@@ -151,8 +155,10 @@ def run_msrun(target: str, nproc: int, kwargs: Optional[Dict[str, Any]] = None,
     with open(launcher_log, "w") as log:
         # the workers share the machine's cores: each gets its share of kernel threads (measured
         # 8-13% faster on 2 cores with 2 and 4 workers than every worker using all cores)
-        threads = {"MFC_CPU_THREADS": os.environ.get("MFC_CPU_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env({**threads, **(env or {})}),
+        source = os.environ if base_env is None else base_env
+        threads = {"MFC_CPU_THREADS": source.get("MFC_CPU_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=child_env({**threads, **(env or {})}, base=base_env),
                                 cwd=work_dir, start_new_session=True)
         _LIVE.add(proc.pid)
         try:
