@@ -70,3 +70,12 @@ def test_the_switch_and_a_rank_outside_the_group():
     assert not host_sum_enabled({"MFC_HOST_SUM": "0"})
     with pytest.raises(ValueError, match=r"rank 0 is not among ranks=\[1, 2\]"):
         HostSum((1, 2), SHAPES)
+
+
+def test_not_on_hosts_without_ordered_stores(monkeypatch):
+    """The counters order the slots' writes only under x86-64's total store order: on aarch64 (weaker
+    ordering, no fence from Python) the step keeps MindSpore's all-reduce."""
+    import mindspore as ms
+    from mindformers_core.distributed.comm import host_sum
+    monkeypatch.setattr(host_sum.platform, "machine", lambda: "aarch64")
+    assert not host_sum.host_sum_applies((0, 1), [ms.float32])

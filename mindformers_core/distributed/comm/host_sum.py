@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import mmap
 import os
+import platform
 import time
 from typing import Sequence, Tuple
 
@@ -36,6 +37,9 @@ import numpy as np
 _COUNTER_STRIDE = 8          # int64 counters 64 bytes apart (one cache line each)
 _HEADER = 4096
 _TIMEOUT_S = float(os.environ.get("MFC_HOST_SUM_TIMEOUT", "600"))
+# Python has no memory fences: a rank's slot writes must become visible to the others before its counter
+# bump, which x86-64's total store order guarantees and weaker memory models (aarch64) do not
+_ORDERED_STORES = ("x86_64", "amd64")
 
 
 def host_sum_enabled(environ=None) -> bool:
@@ -46,10 +50,12 @@ def host_sum_enabled(environ=None) -> bool:
 def host_sum_applies(ranks: Sequence[int], dtypes: Sequence) -> bool:
     """Whether ``HostSum`` can replace MindSpore's all-reduce over ``ranks`` for tensors of ``dtypes``:
     enabled, a CPU job launched by msrun (its scheduler port names the shared file), more than one rank,
-    float32 only, every rank of the job on this host."""
+    float32 only, every rank of the job on this host, an x86-64 host (``_ORDERED_STORES``)."""
     import mindspore as ms
     from mindspore import communication as mc
     from ..env import get_env
+    if platform.machine().lower() not in _ORDERED_STORES:
+        return False
     if not host_sum_enabled() or len(ranks) < 2 or not os.environ.get("MS_SCHED_PORT") or get_env().device_target != "CPU":
         return False
     if any(d != ms.float32 for d in dtypes):
