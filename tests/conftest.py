@@ -30,6 +30,12 @@ def pytest_collection_modifyitems(session, config, items):
     modules = {item.module.__name__ for item in items if getattr(item, "module", None) is not None}
     BATCH.select(modules)
     batched = {j.group for j in BATCH.jobs.values()}
+    # the smallest worker count among a module's jobs: the background launches go most workers first, so a
+    # module needing only the 8- and 4-rank launches can run (its one-process references too) while the
+    # 2-rank launch is still going
+    needs = {}
+    for j in BATCH.jobs.values():
+        needs[j.group] = min(needs.get(j.group, j.nproc), j.nproc)
 
     def phase(item):
         if item.get_closest_marker("msrun") is None:       # (test_docs' one-process blocks too)
@@ -37,7 +43,11 @@ def pytest_collection_modifyitems(session, config, items):
         if getattr(getattr(item, "module", None), "__name__", "") in batched:
             return 1
         return 0.5 if item.get_closest_marker("beside_batch") is not None else 2
-    items.sort(key=phase)               # stable: each module keeps its tests' order
+
+    def order(item):
+        p = phase(item)
+        return (p, -needs.get(getattr(getattr(item, "module", None), "__name__", ""), 0) if p == 1 else 0)
+    items.sort(key=order)               # stable: each module keeps its tests' order
     _PHASES.update({item.nodeid: phase(item) for item in items})
     _PHASE_START["collected"] = time.monotonic()
     if os.environ.get("MFC_BATCH_PRELAUNCH", "1") != "0" and any(phase(i) == 0 for i in items):
