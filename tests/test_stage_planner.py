@@ -163,7 +163,7 @@ def test_measured_tiny_gpt_plan(tmp_path, capsys):
     cfg = {"output_dir": str(tmp_path), "context": {"mode": 1}, "runner_config": {"batch_size": 2},
            "parallel_config": {"pipeline_stage": 2}, "parallel": {"pipeline_config": {"pipeline_interleave": 1}},
            "model": {"model_config": {"seq_length": 16, "vocab_size": 128, "num_layers": 4}}}
-    plan = auto_stage_plan(cfg, rank=0, build_model=build, steps=2)
+    plan = auto_stage_plan(cfg, rank=0, build_model=build, steps=3)
     assert len(built) == 1 and plan.meta["source"] == "measured" and len(plan.meta["layer_fwd"]) == 4
     assert sum(plan.counts) == 4 and min(plan.counts) >= 1 and len(plan.stages) == 2
     assert all(t > 0 for t in plan.stage_times) and plan.stage_memory[0] > 0
@@ -179,7 +179,9 @@ def test_measured_tiny_gpt_plan(tmp_path, capsys):
     stage_cfg = TransformerConfig(**kw, pipeline_model_parallel_size=2)
     stages = [GPTModel(stage_cfg, pp_rank=s, layers_per_stage=plan.counts) for s in range(2)]
     assert [len(m.decoder.layers) for m in stages] == plan.counts
-    measured = measure_stage_times(stages, ids, labels=ids, steps=1)
+    # medians of 3 calls: the suite's background msrun launches share the cores (one call of stage 1 once
+    # took 850 ms against a predicted 237 ms: shares 0.14 / 0.86 against 0.54 / 0.46)
+    measured = measure_stage_times(stages, ids, labels=ids, steps=3)
     text = report(plan, measured)
     ratio = max(m.time for m in measured) / plan.bottleneck
     layer_ms = [round((f + b) * 1e3, 1) for f, b in zip(plan.meta["layer_fwd"], plan.meta["layer_bwd"])]

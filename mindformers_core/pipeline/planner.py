@@ -23,6 +23,7 @@ stages (``pipeline_interleave > 1``) the stages are planned in model order, each
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -288,7 +289,8 @@ def _timed(fn, args, steps: int, warmup: int):
         out = fn(*args)
         _sync(out)
         times.append(time.perf_counter() - start)
-    return sum(times) / len(times), out
+    # the median: one call slowed by another process on the shared cores does not move it
+    return statistics.median(times), out
 
 
 def _param_bytes(cell) -> int:
