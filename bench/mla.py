@@ -84,18 +84,9 @@ def cache_table() -> dict:
 
 def mindrecord(root: str) -> str:
     """The test corpus as MindRecord rows of seq_length tokens (pre-tokenized: both models read the same rows)."""
-    import importlib.util
-    from tests.test_trainer import build_assets
-    assets = build_assets(os.path.join(root, "assets"))
-    spec = importlib.util.spec_from_file_location("preprocess_mindrecord",
-                                                  os.path.join(ROOT, "scripts", "preprocess_mindrecord.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    folder = os.path.join(root, "mindrecord")
-    os.makedirs(folder, exist_ok=True)
-    module.main(["--input", assets["corpus"], "--tokenizer", assets["tokenizer"], "--seq_length",
-                 str(COMMON["seq_length"]), "--output", os.path.join(folder, "corpus.mindrecord")])
-    return folder + os.pathsep + assets["tokenizer"]
+    from tests.test_trainer import mindrecord_corpus
+    data = mindrecord_corpus(root, COMMON["seq_length"])
+    return data["dir"] + os.pathsep + data["tokenizer"]
 
 
 def child(model: str, steps: int, out: str, data: str) -> dict:

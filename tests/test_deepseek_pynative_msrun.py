@@ -21,7 +21,7 @@ import pytest
 import run_mindformer
 from tests.msrun_batch import job
 from tests.test_mindformers_configs import real
-from tests.test_trainer import build_assets, records
+from tests.test_trainer import mindrecord_corpus, records
 from tests.test_trainer_msrun import assert_close
 
 pytestmark = pytest.mark.msrun
@@ -41,28 +41,11 @@ DP2_CP2_ULYSSES = [*FOUR, *NO_MTP, "--parallelism.context_parallel", 2, "--paral
                    "ulysses"]
 
 
-def mindrecord(root: str) -> dict:
-    """The trainer test's tokenizer and corpus, the corpus as MindRecord rows of 32 tokens (MindDataset, the
-    file's loader)."""
-    import importlib.util
-    assets = build_assets(os.path.join(root, "assets"))
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                          "preprocess_mindrecord.py")
-    spec = importlib.util.spec_from_file_location("preprocess_mindrecord", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    folder = os.path.join(root, "mindrecord")
-    os.makedirs(folder, exist_ok=True)
-    module.main(["--input", assets["corpus"], "--tokenizer", assets["tokenizer"], "--seq_length", "32",
-                 "--output", os.path.join(folder, "corpus.mindrecord")])
-    return {"dir": folder, "tokenizer": assets["tokenizer"]}
-
-
 @functools.lru_cache(maxsize=None)
 def plan():
     """The runs' output folders and argvs (made once per process, when a launch or a test first asks)."""
     base = tempfile.mkdtemp(prefix="ds3_pynative_")
-    data = mindrecord(base)
+    data = mindrecord_corpus(base, 32)   # MindDataset, the file's loader
     common = ["--config", FILE, *SHRINK, "--train_dataset_dir", data["dir"],
               "--train_dataset.tokenizer_file", data["tokenizer"]]
     runs = {"one": ONE, "one_no_mtp": [*ONE, *NO_MTP], "dp2_tp2_ep2": DP2_TP2_EP2, "dp2_cp2_ulysses": DP2_CP2_ULYSSES}

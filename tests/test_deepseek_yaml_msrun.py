@@ -20,8 +20,6 @@ the parallel sizes at 1 and the 8 rows as one batch.
 
 One job of the suite's batched 8-worker launch (tests/msrun_batch.py); the one-process reference runs here."""
 import functools
-import importlib.util
-import json
 import os
 import tempfile
 
@@ -34,10 +32,8 @@ from mindformers_core.training import read_yaml
 from tests.msrun_batch import job
 from tests.test_deepseek_yaml import SHRUNK
 from tests.test_hf_msrun import argv
-from mindformers_core.data.dataset import read_documents
-from tests.test_megatron_data import ROOT
 from tests.test_mindformers_configs import real
-from tests.test_trainer import build_assets, records
+from tests.test_trainer import megatron_corpus, records
 from tests.test_trainer_msrun import assert_close
 
 pytestmark = pytest.mark.msrun
@@ -54,23 +50,6 @@ EIGHT = ["--use_parallel", True, "--parallel_config.data_parallel", 2, "--parall
          "--parallel.pipeline_config.layers_per_stage", "[0, 1, 0, 1]"]
 
 
-def megatron_data(root: str) -> dict:
-    """The tiny corpus of tests/test_trainer.py preprocessed by scripts/preprocess_megatron.py (as
-    tests/test_megatron_data.py's fixture makes it): the prefix and the tokenizer file."""
-    tiny = build_assets(os.path.join(root, "assets"))
-    spec = importlib.util.spec_from_file_location("preprocess_megatron",
-                                                  os.path.join(ROOT, "scripts", "preprocess_megatron.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    jsonl = os.path.join(root, "corpus.jsonl")
-    with open(jsonl, "w") as f:
-        for doc in read_documents(tiny["corpus"]):
-            f.write(json.dumps({"text": doc}) + "\n")
-    prefix = script.main(["--input", jsonl, "--tokenizer-model", tiny["tokenizer"],
-                          "--output-prefix", os.path.join(root, "wiki")])
-    return {"prefix": prefix, "tokenizer": tiny["tokenizer"]}
-
-
 @functools.lru_cache(maxsize=None)
 def plan():
     """The shrunk file, the runs' output folders and argvs (made once per process)."""
@@ -80,7 +59,7 @@ def plan():
     path = os.path.join(base, "deepseek3.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(raw, f, sort_keys=False)
-    data = megatron_data(base)
+    data = megatron_corpus(base)
     common = [*SIZES, "--train_dataset.data_loader.config.data_path", f"['1', '{data['prefix']}']",
               "--train_dataset.tokenizer_file", data["tokenizer"]]
     out = {k: os.path.join(base, k) for k in ("p1", "dp2_tp2_ep2_pp2_dualpipev")}

@@ -26,6 +26,41 @@ STEPS = 4
 
 
 @functools.lru_cache(maxsize=None)
+def script(name: str):
+    """``scripts/<name>.py`` imported as a module (the preprocessing scripts are not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mindrecord_corpus(root: str, seq_length: int) -> dict:
+    """The test corpus of ``build_assets`` as MindRecord rows of ``seq_length`` tokens
+    (scripts/preprocess_mindrecord.py): ``{"dir", "tokenizer"}``."""
+    assets = build_assets(os.path.join(root, "assets"))
+    folder = os.path.join(root, "mindrecord")
+    os.makedirs(folder, exist_ok=True)
+    script("preprocess_mindrecord").main(["--input", assets["corpus"], "--tokenizer", assets["tokenizer"],
+                                          "--seq_length", str(seq_length),
+                                          "--output", os.path.join(folder, "corpus.mindrecord")])
+    return {"dir": folder, "tokenizer": assets["tokenizer"]}
+
+
+def megatron_corpus(root: str, assets: dict = None) -> dict:
+    """The test corpus of ``build_assets`` (or ``assets``) preprocessed by scripts/preprocess_megatron.py:
+    ``{"prefix", "tokenizer"}``."""
+    from mindformers_core.data.dataset import read_documents
+    tiny = assets or build_assets(os.path.join(root, "assets"))
+    jsonl = os.path.join(root, "corpus.jsonl")
+    with open(jsonl, "w") as f:
+        for doc in read_documents(tiny["corpus"]):
+            f.write(json.dumps({"text": doc}) + "\n")
+    prefix = script("preprocess_megatron").main(["--input", jsonl, "--tokenizer-model", tiny["tokenizer"],
+                                                 "--output-prefix", os.path.join(root, "wiki")])
+    return {"prefix": prefix, "tokenizer": tiny["tokenizer"]}
+
+
 def build_assets(root: str) -> dict:
     """Corpus (``data/corpus.txt``), tokenizer and a shrunk test YAML under ``root``, once per process."""
     from mindformers_core.data.corpus import build_corpus
