@@ -21,7 +21,9 @@ vocab 1024, global batch 8, AdamW, fp32. Configurations:
 * ``dp2_mccl``: dp2 with ``MFC_HOST_SUM=0``: the gradients summed by MindSpore's CPU all-reduce inside the
   one-graph step instead of through shared memory between the gradient and update graphs
   (``mindformers_core/distributed/comm/host_sum.py``);  ``dp2_zero1``: dp2 with the optimizer split over
-  the ranks (``parallel.enable_parallel_optimizer``, hsdp level1).
+  the ranks (``parallel.enable_parallel_optimizer``, hsdp level1);
+* ``pp2_unfused``: pp2 with ``MFC_PIPELINE_FUSE_LAST=0``: the last stage's forward and backward of a
+  microbatch as a taped forward and its backward instead of one compiled call.
 
 Per row: the largest relative difference of its losses to ``1proc``'s (same data: parity), the
 median step time of the steps after ``--warmup`` (``step_time_s`` of rank 0's loss.jsonl:
@@ -102,6 +104,10 @@ for _name in ("1proc", "dp2", "tp2", "pp2"):
 # between the gradient and update graphs (distributed/comm/host_sum.py): the before/after of that change
 MCCL = "_mccl"
 CONFIGS["dp2" + MCCL] = CONFIGS["dp2"]
+# pp2 with the last stage's forward and backward as two calls per microbatch (a taped forward, then its
+# backward), not one compiled call (MFC_PIPELINE_FUSE_LAST=0, pipeline/runtime.py): the before/after of that change
+UNFUSED = "_unfused"
+CONFIGS["pp2" + UNFUSED] = CONFIGS["pp2"]
 # dp2 with the optimizer split over the two ranks (hsdp level1, ZeRO-1: gradients reduce-scattered, each rank
 # updates its half, parameters all-gathered), through MindSpore's collectives
 CONFIGS["dp2_zero1"] = (2, CONFIGS["dp2"][1] + ["--parallel.enable_parallel_optimizer", "True",
@@ -113,7 +119,8 @@ MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microb
 
 def rows_per_microbatch(name: str) -> int:
     """batch_size for a global batch of GLOBAL_BATCH rows: global = batch_size x dp x micro_batch_num."""
-    name = name[:-len(ASYNC)] if name.endswith(ASYNC) else name[:-len(MCCL)] if name.endswith(MCCL) else name
+    for suffix in (ASYNC, MCCL, UNFUSED):
+        name = name[:-len(suffix)] if name.endswith(suffix) else name
     return GLOBAL_BATCH // (DP.get(name, 1) * MICRO.get(name, 1))
 
 
@@ -285,6 +292,9 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
     env.pop("MFC_HOST_SUM", None)
     if name.endswith(MCCL):
         env["MFC_HOST_SUM"] = "0"
+    env.pop("MFC_PIPELINE_FUSE_LAST", None)
+    if name.endswith(UNFUSED):
+        env["MFC_PIPELINE_FUSE_LAST"] = "0"
     prefix = os.path.join(out_dir, "pipeline_trace")
     if trace:
         env["MFC_PIPELINE_TRACE"] = prefix

@@ -12,6 +12,7 @@ from mindspore import nn, ops
 
 from mindformers_core import pipeline as pp
 from mindformers_core.pipeline.runtime import PipelineStage
+from mindformers_core.pipeline.options import RuntimeOptions
 from tests.bodies.pipeline_body import _data, _layers, _sgd, loss_fn, reference
 
 
@@ -312,15 +313,20 @@ class _Counted(nn.Cell):
 @pytest.mark.parametrize("recompute", [False, True])
 def test_forward_runs_once_per_microbatch_without_recompute(recompute, schedule, split, mode):
     """Without recompute a stage forward runs once per microbatch (the backward uses its record);
-    with recompute once more per backward pass: BWD once, BWD_INPUT and BWD_WEIGHT once each."""
-    cell = _Counted()
-    stage = PipelineStage(cell, 0, 1, loss_fn=loss_fn, recompute=recompute)
-    m, steps = 4, 2
-    sched = schedule(stage, m)
-    for step in range(steps):
-        sched.run(*_data(step), mode=mode)
-    per_microbatch = 1 + (0 if not recompute else 2 if split else 1)
-    assert int(cell.count.asnumpy()[0]) == per_microbatch * m * steps
+    with recompute once more per backward pass: BWD once, BWD_INPUT and BWD_WEIGHT once each. Under jit
+    a last stage whose BWD follows its FWD (1F1B) runs both in one call: once per microbatch also with
+    recompute, and as before with the fusion turned off (``RuntimeOptions.fuse_last``)."""
+    for fuse in ([True, False] if mode == "jit" and not split else [True]):
+        cell = _Counted()
+        stage = PipelineStage(cell, 0, 1, loss_fn=loss_fn, recompute=recompute,
+                              options=RuntimeOptions(fuse_last=fuse))
+        m, steps = 4, 2
+        sched = schedule(stage, m)
+        for step in range(steps):
+            sched.run(*_data(step), mode=mode)
+        fused = fuse and mode == "jit" and not split
+        per_microbatch = 1 + (0 if not recompute or fused else 2 if split else 1)
+        assert int(cell.count.asnumpy()[0]) == per_microbatch * m * steps, (fuse, recompute)
 
 
 @pytest.mark.parametrize("schedule", [pp.ScheduleGPipe, pp.Schedule1F1B])

@@ -23,12 +23,15 @@ class RuntimeOptions:
     (``MFC_PIPELINE_TIMEOUT``, seconds, default 900): how long a send/recv may block before the
     watchdog reports the stalled peer and ends the process. ``jit_capture``
     (``MFC_PIPELINE_JIT_CAPTURE=bytecode``, experimental): compile recorded jit stages with
-    ``capture_mode="bytecode"``, which MindSpore 2.10 differentiates through a custom backward."""
+    ``capture_mode="bytecode"``, which MindSpore 2.10 differentiates through a custom backward.
+    ``fuse_last`` (``MFC_PIPELINE_FUSE_LAST=0`` turns it off): under jit, a last stage whose backward of a
+    microbatch directly follows its forward runs both as one compiled call (``PipelineRuntime``)."""
     recompute: bool = False
     sync_transfers: bool = False
     trace_file: Optional[str] = None
     timeout: float = 900.0
     jit_capture: str = ""
+    fuse_last: bool = True
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "RuntimeOptions":
@@ -37,7 +40,8 @@ class RuntimeOptions:
                    sync_transfers=env.get("MFC_PIPELINE_SYNC_TRANSFERS", "0") == "1",
                    trace_file=env.get("MFC_PIPELINE_TRACE") or None,
                    timeout=float(env.get("MFC_PIPELINE_TIMEOUT", "900")),
-                   jit_capture="bytecode" if env.get("MFC_PIPELINE_JIT_CAPTURE", "") == "bytecode" else "")
+                   jit_capture="bytecode" if env.get("MFC_PIPELINE_JIT_CAPTURE", "") == "bytecode" else "",
+                   fuse_last=env.get("MFC_PIPELINE_FUSE_LAST", "1") != "0")
 
     @property
     def bytecode_capture(self) -> bool:
