@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(session, config, items):
     of their own marked ``beside_batch`` (their deadlines allow a batch alongside: they fill the cores the
     batch's waiting workers leave idle), then the modules waiting for the batched launches, last the other
     modules launching workers of their own (their deadlines are set for a machine not also running a batch)."""
-    from tests.msrun_batch import BATCH
+    from tests.msrun_batch import BATCH, REFERENCES, STARTERS
     modules = {item.module.__name__ for item in items if getattr(item, "module", None) is not None}
     BATCH.select(modules)
     batched = {j.group for j in BATCH.jobs.values()}
@@ -40,9 +40,9 @@ def pytest_collection_modifyitems(session, config, items):
     def phase(item):
         if item.get_closest_marker("msrun") is None:       # (test_docs' one-process blocks too)
             return 0
-        if getattr(getattr(item, "module", None), "__name__", "") in batched:
-            return 1
-        return 0.5 if item.get_closest_marker("beside_batch") is not None else 2
+        if item.get_closest_marker("beside_batch") is not None:     # (a batched module's own launches too)
+            return 0.5
+        return 1 if getattr(getattr(item, "module", None), "__name__", "") in batched else 2
 
     def order(item):
         p = phase(item)
@@ -50,8 +50,13 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=order)               # stable: each module keeps its tests' order
     _PHASES.update({item.nodeid: phase(item) for item in items})
     _PHASE_START["collected"] = time.monotonic()
+    ordered = list(dict.fromkeys(item.module.__name__ for item in items if phase(item) == 1))
+    _AHEAD.extend((name, fn) for name in ordered for fn in REFERENCES.get(name, ()))
     if os.environ.get("MFC_BATCH_PRELAUNCH", "1") != "0" and any(phase(i) == 0 for i in items):
         BATCH.prelaunch()
+        for name in modules:
+            for start in STARTERS.get(name, ()):
+                start()
 
 
 _PHASES = {}            # test id -> phase (0 no workers, 0.5 own launches beside the batch, 1 waiting for the
@@ -63,6 +68,30 @@ _PHASE_NAMES = {0: "tests starting no workers", 0.5: "tests launching their own 
 
 def pytest_runtest_logstart(nodeid, location):
     _PHASE_START.setdefault(_PHASES.get(nodeid, 0), time.monotonic())
+
+
+_AHEAD = []             # (module, cached reference) of the modules waiting for the batched launches, in their order
+_AHEAD_SECONDS = {}     # module -> seconds its references took ahead (or the error they raised)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the first test waiting for the batched launches: every such module's one-process references
+    (tests/msrun_batch.py ``computed_ahead``), while the last launch still runs, so that after it only the
+    comparisons remain. A reference that fails here is not cached: the module's own call raises it again."""
+    if _PHASES.get(item.nodeid) != 1 or not _AHEAD:
+        return
+    todo = list(_AHEAD)
+    _AHEAD.clear()
+    for name, fn in todo:
+        start = time.monotonic()
+        try:
+            fn()
+        except Exception as e:                  # noqa: BLE001  (reported by the module's own call)
+            _AHEAD_SECONDS[name] = f"{type(e).__name__} (raised again by the module's test)"
+            continue
+        if not isinstance(_AHEAD_SECONDS.get(name), str):
+            _AHEAD_SECONDS[name] = _AHEAD_SECONDS.get(name, 0.0) + time.monotonic() - start
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +110,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not BATCH.seconds:
         return
     write_timeline(terminalreporter, BATCH)
+    if _AHEAD_SECONDS:
+        terminalreporter.section("one-process references computed ahead (seconds)")
+        for name, secs in _AHEAD_SECONDS.items():
+            terminalreporter.write_line(f"  {secs:7.1f}s  {name}" if not isinstance(secs, str) else f"  {name}: {secs}")
     by_nproc = {}
     for name, secs in BATCH.seconds.items():
         by_nproc.setdefault(BATCH.jobs[name].nproc if name in BATCH.jobs else 0, []).append((secs, name))

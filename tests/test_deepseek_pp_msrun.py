@@ -27,7 +27,7 @@ import pytest
 
 import run_mindformer
 from mindformers_core.models.hf.folder import open_folder
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.test_deepseek_v3_msrun import FOLDER
 from tests.test_hf_msrun import argv, hf_yaml
 from tests.test_trainer import records, saved
@@ -66,12 +66,19 @@ TWO = job("deepseek_v3_pp2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs"
           group=__name__)
 
 
-@pytest.fixture(scope="module")
-def runs():
-    config, out, two = plan()
+@computed_ahead
+def one_process():
+    """The one-process runs into plan()'s p1_* folders."""
+    config, out, _ = plan()
     assert run_mindformer.main(argv(config, out["p1_pynative"], "--mode", 1, *STEPS, *ONE)) == 0
     assert run_mindformer.main(argv(config, out["p1_mtp_pynative"], "--mode", 1, *STEPS, *MTP, *ONE,
                                     "--export_hf_dir", out["p1_mtp_export"])) == 0
+
+
+@pytest.fixture(scope="module")
+def runs():
+    config, out, two = plan()
+    one_process()
     assert TWO.results() == [[0] * len(two)] * 2
     return dict(out)
 

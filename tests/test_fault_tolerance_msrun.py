@@ -3,7 +3,13 @@ steps (dp2 with hsdp, and pp2) are named within seconds and the job restarts fro
 checkpoint with the losses of an uninterrupted run (bitwise, PyNative); a SIGSTOPped rank and a rank
 hanging before a collective end the job with a named error within the deadline; a job that fails
 before training is not restarted.
+
+The kill drills and their uninterrupted references have no deadline that load could break (bitwise losses,
+minutes-long timeouts): they run in a background thread started at collection (tests/msrun_batch.py
+``background``), beside the one-process tests, and their tests only check what they left. The SIGSTOP and
+hang drills (seconds-long deadlines) run in their tests, last, on a machine without the batched launches.
 """
+import atexit
 import json
 import os
 import random
@@ -11,13 +17,17 @@ import re
 import shlex
 import signal
 import subprocess
+import tempfile
+import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
 from mindformers_core.testing import free_port, run_msrun
 from mindformers_core.testing.msrun import child_env, kill_tree
-from tests.test_trainer import ROOT, args, tiny  # noqa: F401  (tiny: fixture)
+from tests.msrun_batch import background
+from tests.test_trainer import ROOT, args, build_assets, tiny  # noqa: F401  (tiny: fixture)
 
 LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
 # 4 steps (6 until the suite had to fit 20 minutes): the two kills land at steps 2 and 3 (random
@@ -45,18 +55,30 @@ JOBS = {   # two workers each; restarts from the launcher's MAX_RESTARTS, or fro
 }
 
 
-def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True, job=DP2):
+_LIVE = set()           # launcher processes still running (the background drills'): killed at exit
+
+
+@atexit.register
+def _kill_live():
+    for pid in list(_LIVE):
+        kill_tree(pid)
+
+
+def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True, job=DP2, base=None):
+    """``base``: the environment to start from (a background drill's: the one of its start)."""
     cmd = shlex.join(["run_mindformer.py", *args(tiny, out, *job)])     # the launcher splits it as a shell does
-    env = child_env(dict(extra_env or {}))
+    env = child_env(dict(extra_env or {}), base=base)
     proc = subprocess.Popen(["bash", LAUNCHER, cmd, "2", str(free_port()), str(logs), "True", "120"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     if not wait:
         return proc
+    _LIVE.add(proc.pid)
     try:
         out_text, _ = proc.communicate(timeout=timeout)
     finally:
         kill_tree(proc.pid)
+        _LIVE.discard(proc.pid)
     return proc.returncode, out_text
 
 
@@ -65,24 +87,17 @@ def losses(out):
         return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, f)]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tiny, tmp_path_factory):
-    """Every job's uninterrupted losses, run once per module, all in one launch: the same command lines,
+def uninterrupted(tiny, root, environment):
+    """Every job's uninterrupted run (its output folder by name), all in one launch: the same command lines,
     in turn, on 2 fresh msrun workers (``run_msrun``: no supervisor, no wait for msrun's teardown, ~7 s,
     and one start-up for both jobs), with the CPU kernel threads the launcher's workers get (cores // 2,
     at least 1)."""
-    done = {}
-
-    def get(name):
-        if not done:
-            outs = {job: tmp_path_factory.mktemp(f"ft_uninterrupted_{job}") / "out" for job in sorted(JOBS)}
-            argvs = [[str(a) for a in args(tiny, outs[job], *JOBS[job][0])] for job in sorted(JOBS)]
-            threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
-            assert run_msrun("tests.test_fault_tolerance_msrun:run_each", 2, {"argvs": argvs}, timeout=400,
-                             env={"MFC_CPU_THREADS": threads}) == [[0] * len(JOBS)] * 2
-            done.update(outs)
-        return done[name]
-    return get
+    outs = {job: os.path.join(root, f"uninterrupted_{job}") for job in sorted(JOBS)}
+    argvs = [[str(a) for a in args(tiny, outs[job], *JOBS[job][0])] for job in sorted(JOBS)]
+    threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert run_msrun("tests.test_fault_tolerance_msrun:run_each", 2, {"argvs": argvs}, timeout=400,
+                     env={"MFC_CPU_THREADS": threads}, base_env=environment) == [[0] * len(JOBS)] * 2
+    return outs
 
 
 def run_each(argvs):
@@ -105,24 +120,57 @@ def random_faults(seed, kills=2):
     return [(rng.randrange(2), step) for step in steps]
 
 
-@pytest.mark.msrun
-@pytest.mark.parametrize("name", sorted(JOBS))
-def test_killed_ranks_restart_with_the_uninterrupted_losses(tiny, uninterrupted, tmp_path, name):
+def kill_drill(tiny, root, name, environment):
+    """Job ``name`` through the launcher with its ranks killed at random steps: what the test checks."""
     job, restarts = JOBS[name]
     seed = random.SystemRandom().randrange(1 << 30)
     faults = random_faults(seed, KILLS[name])
+    work = os.path.join(root, name)
     env = {"MFC_FAULT": ",".join(f"exit:{rank}:{step}" for rank, step in faults),
-           "MFC_FAULT_ONCE": str(tmp_path / "fired")}
+           "MFC_FAULT_ONCE": os.path.join(work, "fired")}
     if "MAX_RESTARTS" in restarts:
         env["MAX_RESTARTS"] = restarts["MAX_RESTARTS"]
     else:                                   # the YAML key: the supervisor reads it from the job's config
         job = job + ["--runner_config.max_restarts", restarts["RESTARTS_FROM_YAML"]]
     t0 = time.monotonic()
-    code, text = launch(tiny, tmp_path / "out", tmp_path / "logs", env, job=job)
-    took = time.monotonic() - t0
+    code, text = launch(tiny, os.path.join(work, "out"), os.path.join(work, "logs"), env, job=job, base=environment)
+    return {"seed": seed, "faults": faults, "code": code, "text": text, "took": time.monotonic() - t0,
+            "out": os.path.join(work, "out"), "logs": os.path.join(work, "logs")}
+
+
+@background
+def drills():
+    """Start the uninterrupted runs and then the kill drills, one after the other, in a background thread;
+    returns (future of the uninterrupted folders, {job name: future of its drill}). The workers get the
+    environment of now (not a variable a test running meanwhile sets, e.g. test_fault_tolerance's MFC_FAULT)."""
+    root = tempfile.mkdtemp(prefix="ft_drills_")
+    tiny = build_assets(os.path.join(root, "assets"))
+    environment = dict(os.environ)
+    reference, kills = Future(), {name: Future() for name in sorted(JOBS)}
+
+    def run(future, fn, *a):
+        try:
+            future.set_result(fn(*a))
+        except BaseException as e:          # noqa: BLE001  (raised again by the test's result())
+            future.set_exception(e)
+
+    def all_in_turn():
+        run(reference, uninterrupted, tiny, root, environment)
+        for name, future in kills.items():
+            run(future, kill_drill, tiny, root, name, environment)
+    threading.Thread(target=all_in_turn, name="fault-drills", daemon=True).start()
+    return reference, kills
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_killed_ranks_restart_with_the_uninterrupted_losses(name):
+    reference, kills = drills()
+    drill = kills[name].result()            # each launch has its deadline (300 s; the reference's 400 s)
+    seed, faults, code, text, took = (drill[k] for k in ("seed", "faults", "code", "text", "took"))
     why = f"seed {seed}, faults (rank, step) {faults}\n" + text[-4000:]
     assert code == 0, why
-    assert losses(tmp_path / "out") == losses(uninterrupted(name)), why      # bitwise: PyNative, exact resume
+    assert losses(drill["out"]) == losses(reference.result()[name]), why     # bitwise: PyNative, exact resume
     named = [line for line in text.splitlines() if "supervisor: rank" in line and "ending the job" in line]
     assert [line.split("supervisor: ")[1].split(" died")[0] for line in named] == \
         [f"rank {rank}" for rank, _ in faults], why
@@ -131,7 +179,8 @@ def test_killed_ranks_restart_with_the_uninterrupted_losses(tiny, uninterrupted,
     from mindformers_core.training.supervisor import _CPP_LOG
     assert not [line for line in text.splitlines() if _CPP_LOG.match(line)], why
     assert re.search(rf"step +{STEPS}/{STEPS} ", text), why
-    assert [line for line in (tmp_path / "logs" / "worker_0.log").read_text().splitlines() if _CPP_LOG.match(line)]
+    with open(os.path.join(drill["logs"], "worker_0.log")) as f:
+        assert [line for line in f.read().splitlines() if _CPP_LOG.match(line)]
     print(f"{name}: faults {faults}, {len(faults)} restarts, {STEPS} steps: {took:.0f} s\n" + "\n".join(
         line for line in text.splitlines() if line.startswith("supervisor:")))
 
@@ -187,6 +236,7 @@ def test_a_job_failing_before_training_is_not_restarted(tiny, tmp_path):
 
 
 @pytest.mark.msrun
+@pytest.mark.beside_batch      # no deadline load could break: the job is interrupted once it has started
 def test_ctrl_c_through_the_launcher_exits_130(tiny, tmp_path):
     out = tmp_path / "out"
     proc = launch(tiny, out, tmp_path / "logs", wait=False)

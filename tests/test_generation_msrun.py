@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from mindformers_core.data.tokenizer import build_tokenizer
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 
 pytestmark = pytest.mark.msrun
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +101,21 @@ def full_forward_logits(ids, folder=FOLDER):
     return _model(folder)(x, None, None, pos).asnumpy()[0]
 
 
+@computed_ahead
+def qwen3_moe_full_forwards():
+    """The one-process full-forward logits of the Qwen3-MoE fixture's three generated rows (whole)."""
+    ref, _, _, _ = fixture_prompts()
+    return [full_forward_logits([int(t) for t in ref[f"generated_{i}"]]) for i in range(3)]
+
+
+@computed_ahead
+def deepseek_full_forwards():
+    """The same for the DeepSeek-V3 fixture's rows, up to their 6th new token."""
+    ref, _, ids, _ = fixture_prompts(DEEPSEEK)
+    return [full_forward_logits([int(t) for t in ref[f"generated_{i}"]][:len(ids[i]) + 6], DEEPSEEK)
+            for i in range(3)]
+
+
 @functools.lru_cache(maxsize=None)
 def _model(folder=FOLDER):
     from mindformers_core.models.hf.pretrained import from_pretrained
@@ -125,9 +140,8 @@ def test_tp2_predict_writes_transformers_ids_and_only_rank0_prints(runs, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_tp2_every_step_equals_a_one_process_full_forward(runs, mode):
-    ref, _, ids, _ = fixture_prompts()
-    want = [[int(t) for t in ref[f"generated_{i}"]] for i in range(3)]
-    full = [full_forward_logits(w) for w in want]
+    _, _, ids, _ = fixture_prompts()
+    full = qwen3_moe_full_forwards()
     heads = json.load(open(os.path.join(FOLDER, "config.json")))["num_key_value_heads"]
     for rank, res in enumerate(runs[mode]):
         calls = res["calls"]
@@ -167,6 +181,6 @@ def test_tp2_deepseek_v3_decodes_from_the_compressed_cache(runs):
         assert call["linear_q"] == (q_up.shape[0], q_up.shape[1] // 2)      # its heads split
         for i in range(3):
             n = len(ids[i])
-            one = full_forward_logits(want[i], DEEPSEEK)[n - 1:n - 1 + 6]
+            one = deepseek_full_forwards()[i][n - 1:n - 1 + 6]
             err = np.abs(call["logits"][:, i, :] - one).max() / np.abs(one).max()
             assert err <= 1e-5, f"rank {rank} prompt {i}: logits {err:.2e}"

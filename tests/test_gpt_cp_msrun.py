@@ -7,7 +7,7 @@ dp2 x cp2 (PyNative; jit in the trainer's dp2 x cp2 job) and hybrid (Ulysses 2 x
 import numpy as np
 import pytest
 
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.bodies.gpt_cp_body import reference
 from tests.test_gpt_tp_msrun import _check
 
@@ -38,9 +38,19 @@ def modes_of(configs):
     return {name: kw.get("modes", ("pynative", "jit")) for name, kw in configs.items()}
 
 
+@computed_ahead
+def both_modes():
+    return reference(("pynative", "jit"))
+
+
+@computed_ahead
+def narrow_v_both_modes():
+    return reference(("pynative", "jit"), narrow_v=True)
+
+
 @pytest.fixture(scope="module")
 def single_process():
-    return reference(("pynative", "jit"))
+    return both_modes()
 
 
 def _configs(job, narrow_v):
@@ -63,7 +73,7 @@ def test_ring_ulysses_hybrid_cp4_and_cp_with_tp_dp(single_process):
 
 
 def test_ring_and_ulysses_cp2_with_value_heads_narrower_than_query_heads():
-    ref = reference(("pynative", "jit"), narrow_v=True)
+    ref = narrow_v_both_modes()
     narrow = _configs(CP2, True)
     _check(CP2.results(), ref, narrow, modes_of(narrow))
     weights = ref["pynative"]["weights"]

@@ -4,7 +4,7 @@ The layers only declare layouts (shard()); propagation derives the rest."""
 import numpy as np
 import pytest
 
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.bodies.gpt_tp_body import reference
 
 pytestmark = pytest.mark.msrun
@@ -21,9 +21,19 @@ PACKED = job("gpt_dp2_tp2_packed", 4, "tests.bodies.gpt_tp_body:run",
              {"configs": {"dp2_tp2_packed": (2, 2, False, True)}}, timeout=600, group=__name__)
 
 
+@computed_ahead
+def both_modes():
+    return reference(("pynative", "jit"))
+
+
+@computed_ahead
+def packed_both_modes():
+    return reference(("pynative", "jit"), packed=True)
+
+
 @pytest.fixture(scope="module")
 def single_process():
-    return reference(("pynative", "jit"))
+    return both_modes()
 
 
 def _merge(results, key):
@@ -37,7 +47,7 @@ def _merge(results, key):
 
 @pytest.fixture(scope="module")
 def single_process_packed():
-    return reference(("pynative", "jit"), packed=True)
+    return packed_both_modes()
 
 
 def _check(results, ref, names, modes=None):

@@ -16,7 +16,7 @@ import yaml
 
 import run_mindformer
 from mindformers_core.models.hf.folder import open_folder
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.test_trainer import build_assets, records
 from tests.test_trainer_msrun import assert_close
 
@@ -82,11 +82,18 @@ FOUR = job("hf_dp2_tp2_ep2", 4, "tests.test_hf_msrun:run_many", lambda: {"argvs"
            group=__name__)
 
 
+@computed_ahead
+def one_process():
+    """The one-process runs (PyNative, jit) into plan()'s p1_* folders."""
+    config, out, _, _ = plan()
+    for mode, flag in (("pynative", 1), ("jit", 0)):
+        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *STEPS, *QUIET)) == 0
+
+
 @pytest.fixture(scope="module")
 def runs():
     config, out, two, four = plan()
-    for mode, flag in (("pynative", 1), ("jit", 0)):
-        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *STEPS, *QUIET)) == 0
+    one_process()
     assert TWO.results() == [[0] * len(two)] * 2 and FOUR.results() == [[0]] * 4
     return {k: v for k, v in out.items()}
 

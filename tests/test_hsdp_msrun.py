@@ -6,7 +6,7 @@ collectives only on the last micro-step, global-norm clipping, level3 holding on
 import numpy as np
 import pytest
 
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.bodies import hsdp_body as body
 
 pytestmark = pytest.mark.msrun
@@ -44,11 +44,16 @@ HSDP_2 = job("hsdp_2", 2, "tests.bodies.hsdp_body:run", {"configs": CONFIGS_2}, 
 HSDP_4 = job("hsdp_4", 4, "tests.bodies.hsdp_body:run", {"configs": CONFIGS_4}, timeout=400, group=__name__)
 
 
-@pytest.fixture(scope="module")
-def references():
+@computed_ahead
+def one_process():
     return {(None, body.STEPS): body.reference(),
             (None, body.SHORT): body.reference(body.SHORT),
             (0.05, body.SHORT): body.reference(body.SHORT, max_grad_norm=0.05)}
+
+
+@pytest.fixture(scope="module")
+def references():
+    return one_process()
 
 
 def _rel(a, b):

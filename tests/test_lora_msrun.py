@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import run_mindformer
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.test_lora import PET, RUN, argv, lora_yaml, losses
 from tests.test_trainer_msrun import assert_close
 
@@ -71,19 +71,26 @@ def adapters(out):
     return load_checkpoint(root, checkpoint_specs(root, 3), rank=0, step=3)
 
 
-@pytest.fixture(scope="module")
-def runs():
+@computed_ahead
+def one_process():
+    """The one-process runs into plan()'s p1_* folders; the Qwen3-MoE one's Trainer (its merged export made)."""
     from pathlib import Path
     from mindformers_core.training.trainer import Trainer
     from tests.test_trainer import config_of
-    base, configs, work = plan()
+    base, configs, _ = plan()
     base = Path(base)
     for fx, mode in sorted({(fx, mode) for fx, mode, _ in JOBS.values()} - {("qwen3_moe", 1)}):
         assert run_mindformer.main(argv(configs[fx], base / f"p1_{fx}_{mode}", "--mode", mode, *RUN, *SAVE3)) == 0
     moe = Trainer(config_of(argv(configs["qwen3_moe"], base / "p1_qwen3_moe_1", "--mode", 1, *RUN, *SAVE3)))
     moe.train()
     moe.export_hf(str(base / "moe_merged"))
-    assert TWO.results() == [[0] * len(work)] * 2
+    return base, moe
+
+
+@pytest.fixture(scope="module")
+def runs():
+    base, moe = one_process()
+    assert TWO.results() == [[0] * len(plan()[2])] * 2
     return base, moe
 
 

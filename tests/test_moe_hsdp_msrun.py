@@ -12,7 +12,7 @@ compiled as an island holding the expert all-to-all)."""
 import numpy as np
 import pytest
 
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.bodies.moe_hsdp_body import reference
 from tests.test_gpt_tp_msrun import _merge
 
@@ -34,9 +34,14 @@ EP2_DP2_HSDP = job("moe_ep2_dp2_hsdp", 4, "tests.bodies.moe_hsdp_body:run",
                    timeout=900, group=__name__)
 
 
+@computed_ahead
+def both_modes():
+    return reference()
+
+
 @pytest.fixture(scope="module")
 def single_process():
-    return reference()
+    return both_modes()
 
 
 def _check(results, ref, keys):

@@ -12,7 +12,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.bodies.moe_body import BATCH, SEQ, STEPS, reference
 from tests.test_gpt_tp_msrun import _check, _merge
 
@@ -94,9 +94,29 @@ CHECKPOINT_EP = job("moe_checkpoint_ep", 4, "tests.bodies.moe_body:run_checkpoin
                     timeout=600, group=__name__)
 
 
+@computed_ahead
+def both_modes():
+    return reference()
+
+
 @pytest.fixture(scope="module")
 def single_process():
-    return reference()
+    return both_modes()
+
+
+@computed_ahead
+def group_routing_jit():
+    return reference(("jit",), group=True)
+
+
+@computed_ahead
+def dead_expert_jit():
+    return reference(("jit",), dead_expert=3)
+
+
+@computed_ahead
+def global_aux_pynative():
+    return reference(modes=("pynative",), balance="aux_loss")
 
 
 def _uneven_variable_path(results, name, ep, dp, modes=("pynative", "jit")):
@@ -149,7 +169,7 @@ def test_ep2_softmax_and_sigmoid_group_routing(single_process):
     results = EP2.results()
     _check(results, single_process, ["ep2"])
     _uneven_variable_path(results, "ep2", 2, 2)
-    ref = reference(("jit",), group=True)         # routing variant: one mode (ep2 proves both modes)
+    ref = group_routing_jit()         # routing variant: one mode (ep2 proves both modes)
     got = [{"ep2_sigmoid_groups/pynative": r["ep2_sigmoid_groups/jit"], **r} for r in results]
     _check(got, {"pynative": ref["jit"], "jit": ref["jit"]}, ["ep2_sigmoid_groups"])
     for r in results:      # jit_variable False: jit's padded exchange ran, the graph path recorded nothing
@@ -164,7 +184,7 @@ def test_ep2_jit_expert_that_gets_no_rows():
     """jit's variable path with an expert no row is routed to (expert 3, rank 1's second local expert: it
     computes its zero sentinel row only) equals one process, forward and backward (every weight after 2 steps)."""
     results = EP2.results()
-    ref = reference(("jit",), dead_expert=3)
+    ref = dead_expert_jit()
     got = [{"ep2_dead_expert/pynative": r["ep2_dead_expert/jit"], **r} for r in results]
     _check(got, {"pynative": ref["jit"], "jit": ref["jit"]}, ["ep2_dead_expert"])
     for r in results:
@@ -180,21 +200,36 @@ def test_ep4_ep2xdp2_ep2xtp2(single_process):
     _uneven_variable_path(results, "ep4", 4, 4)
     _uneven_variable_path(results, "ep2_tp2", 2, 2)
     _uneven_variable_path(results, "ep2_dp2_global_aux", 2, 4, ("pynative",))
-    _check(results, reference(modes=("pynative",), balance="aux_loss"), ["ep2_dp2_global_aux"],  # batch-wide loss
+    _check(results, global_aux_pynative(), ["ep2_dp2_global_aux"],  # batch-wide loss
            {"ep2_dp2_global_aux": ["pynative"]})
     plan = results[0]["ep2_dp2_global_aux/pynative"]["plan"]
     assert "experts.w_gate: (ep, None, None) (declared), grad summed over ['edp']" in plan
     assert "router.weight: (None, None) (derived), grad summed over ['edp', 'ep']" in plan
 
 
+@computed_ahead
+def trainer_accumulate_one_process():
+    """The one-process PyNative reference of the accumulating ep2 jit job: 8 rows per step."""
+    from tests.bodies.moe_body import run_trainer
+    from tests.test_trainer import build_assets
+    return run_trainer(build_assets(ASSETS)["yaml"], tempfile.mkdtemp(prefix="mfc_moe_one_acc_"),
+                       MOE_KEYS + ACCUMULATE + ["--runner_config.batch_size", 4], modes=(1,))[1]
+
+
+@computed_ahead
+def trainer_one_process():
+    """(output folder, records per mode) of the one-process run the ep2 trainer job is compared with."""
+    from tests.bodies.moe_body import run_trainer
+    from tests.test_trainer import build_assets
+    one = tempfile.mkdtemp(prefix="mfc_moe_one_")
+    return one, run_trainer(build_assets(ASSETS)["yaml"], one, MOE_KEYS + ["--runner_config.batch_size", 4])
+
+
 def test_trainer_ep2_jit_with_accumulation_matches_one_process():
     """run_mindformer.py, jit, ep2 (dp2) with 2 accumulation micro-steps = one process in PyNative with the same
     8 rows per step: losses, load-balancing loss and gradient norm of every step."""
-    from tests.bodies.moe_body import run_trainer
     got = TRAINER_EP2_ACCUMULATE.results()[0][0]
-    yaml = TRAINER_EP2_ACCUMULATE.used_kwargs["yaml"]
-    want = run_trainer(yaml, tempfile.mkdtemp(prefix="mfc_moe_one_acc_"),
-                       MOE_KEYS + ACCUMULATE + ["--runner_config.batch_size", 4], modes=(1,))[1]
+    want = trainer_accumulate_one_process()
     assert len(got) == len(want) == 3
     for key in ("loss", "aux_loss", "grad_norm"):
         a, b = np.array([r[key] for r in got]), np.array([r[key] for r in want])
@@ -209,8 +244,7 @@ def test_trainer_ep2_matches_one_process():
     from tests.bodies.moe_body import run_trainer
     got = TRAINER_EP2.results()[0]
     yaml = TRAINER_EP2.used_kwargs["yaml"]
-    one = tempfile.mkdtemp(prefix="mfc_moe_one_")
-    want = run_trainer(yaml, one, MOE_KEYS + ["--runner_config.batch_size", 4])
+    one, want = trainer_one_process()
     for mode in (1, 0):
         g, w = got[mode], want[mode]
         assert len(g) == len(w) == 3

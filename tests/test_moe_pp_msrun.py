@@ -14,7 +14,7 @@ Where each claim is proven:
   tests/test_pipeline_dualpipe_runtime.py."""
 import pytest
 
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.bodies.moe_pp_body import reference
 from tests.test_gpt_tp_msrun import _check
 
@@ -31,9 +31,14 @@ PP2_EP2 = job("moe_pp2_ep2", 4, "tests.bodies.moe_pp_body:run",
               timeout=900, group=__name__)
 
 
+@computed_ahead
+def both_modes():
+    return reference()
+
+
 @pytest.fixture(scope="module")
 def single_process():
-    return reference()
+    return both_modes()
 
 
 def test_pp2_moe_1f1b_and_dualpipev(single_process):

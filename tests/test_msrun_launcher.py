@@ -35,6 +35,7 @@ def _launch(args, timeout=120):
 
 
 @pytest.mark.msrun
+@pytest.mark.beside_batch      # deadlines of 60 / 120 s for a 2-worker start-up
 def test_launches_two_workers_with_arguments(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(WORKER)

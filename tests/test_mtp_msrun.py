@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import run_mindformer
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.test_hf_msrun import argv
 from tests.test_trainer import build_assets, records
 from tests.test_trainer_msrun import assert_close
@@ -41,11 +41,18 @@ TWO = job("mtp_tp2_dp2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs": pl
           group=__name__)
 
 
+@computed_ahead
+def one_process():
+    """The one-process runs (PyNative, jit) into plan()'s p1_* folders."""
+    config, out, _ = plan()
+    for mode, flag in (("pynative", 1), ("jit", 0)):
+        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *MTP)) == 0
+
+
 @pytest.fixture(scope="module")
 def runs():
     config, out, two = plan()
-    for mode, flag in (("pynative", 1), ("jit", 0)):
-        assert run_mindformer.main(argv(config, out[f"p1_{mode}"], "--mode", flag, *MTP)) == 0
+    one_process()
     assert TWO.results() == [[0] * len(two)] * 2
     return out
 

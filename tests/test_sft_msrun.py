@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import run_mindformer
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.test_trainer import records
 from tests.test_trainer_msrun import assert_close
 
@@ -65,13 +65,20 @@ DP2 = job("sft_finetune_qwen3_dp2", 2, "tests.test_sft_msrun:run_one", lambda: {
           group=__name__)
 
 
-@pytest.fixture(scope="module")
-def runs():
+@computed_ahead
+def one_process():
+    """The one-process runs into plan()'s "one" and "one_accumulate" folders."""
     out, _ = plan()
     assert run_mindformer.main(argv(out["one"], "--use_parallel", "False", "--parallel_config.data_parallel", 1,
                                     "--runner_config.batch_size", 2)) == 0
     assert run_mindformer.main(argv(out["one_accumulate"], "--use_parallel", "False", "--parallel_config.data_parallel",
                                     1, "--runner_config.batch_size", 4, *SHORT)) == 0
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out, _ = plan()
+    one_process()
     assert DP2.results() == [[0, 0, 0, 0], [0, 0, 0, 0]]
     return out
 

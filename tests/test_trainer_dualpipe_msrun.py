@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import run_mindformer
-from tests.msrun_batch import job
+from tests.msrun_batch import computed_ahead, job
 from tests.test_trainer import args, build_assets, records, saved
 from tests.test_trainer_msrun import (EVERY_STEP, NO_CHECKPOINTS, RESUME_AT, SHORT, STEPS, assert_close,
                                       assert_resumed, losses)
@@ -91,6 +91,21 @@ def _kwargs4():
 W4 = job("trainer_dualpipe_w4", 4, "tests.test_trainer_msrun:run_many", _kwargs4, timeout=600, group=__name__)
 
 
+@computed_ahead
+def one_process_jit():
+    """The one-process jit run (into the folder the launch's kwargs named)."""
+    assert run_mindformer.main(args(_RUNS["tiny"], _RUNS["p1_jit"], "--mode", 0, *ONE, *SHORT, *NO_CHECKPOINTS)) == 0
+
+
+@computed_ahead
+def one_process_8_rows_jit():
+    """The reference of the dp2 DualPipe job: one process taking the 8 rows in 4 slices, jit; its folder."""
+    out = os.path.join(os.path.dirname(_RUNS["p1_jit"]), "p1_b8_jit")
+    assert run_mindformer.main(args(_RUNS["tiny"], out, "--mode", 0, "--runner_config.batch_size", 8,
+                                    "--runner_config.gradient_accumulation_steps", 4, *SHORT, *NO_CHECKPOINTS)) == 0
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs():
     done = PP2.results()
@@ -99,7 +114,7 @@ def runs():
                                                     done[0])))
     assert [[code for code, _ in rank] for rank in done] == [[0] * (4 + len(FROM_DUALPIPE))] * 2
     tiny = _RUNS["tiny"]
-    assert run_mindformer.main(args(tiny, _RUNS["p1_jit"], "--mode", 0, *ONE, *SHORT, *NO_CHECKPOINTS)) == 0
+    one_process_jit()
     # the DualPipe run's step-1 checkpoint resumed on one process
     assert run_mindformer.main(args(tiny, _RUNS["p1_resumed"], "--load_checkpoint", _step(_RUNS["pp2_pynative"]),
                                     *ONE, *RESUME)) == 0
@@ -123,9 +138,7 @@ def runs4(runs):
     print("dualpipe 4-worker jobs (seconds on rank 0): " + ", ".join(
         f"{name} {secs}" for name, (_, secs) in zip(W4_JOBS, done[0])))
     assert [[code for code, _ in rank] for rank in done] == [[0] * len(W4_JOBS)] * 4
-    runs["p1_b8_jit"] = os.path.join(os.path.dirname(runs["p1_jit"]), "p1_b8_jit")
-    assert run_mindformer.main(args(runs["tiny"], runs["p1_b8_jit"], "--mode", 0, "--runner_config.batch_size", 8,
-                                    "--runner_config.gradient_accumulation_steps", 4, *SHORT, *NO_CHECKPOINTS)) == 0
+    runs["p1_b8_jit"] = one_process_8_rows_jit()
     return runs
 
 
