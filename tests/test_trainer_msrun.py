@@ -4,9 +4,10 @@ dp2 x tp2 checkpoint resharded into one process and into 2 workers (tp2).
 Two msrun launches in all: the 4 workers run the PyNative and then the jit job in the same processes
 (``run_mindformer.main`` in turn, through ``run_msrun``), then, in the same launch, the pipeline, hsdp and
 context-parallel jobs of ``PIPELINE_JOBS`` (one 4-worker start-up for all of them); the tp2 job starts
-``run_mindformer.py`` itself through ``scripts/msrun_launcher.sh``. Everything else overlaps the 4-worker
-launch: the one-process runs happen in this process while msrun starts its workers, and the tp2 launch and
-the one-process resumes start as soon as the checkpoint they load is published. Global batches are equal
+``run_mindformer.py`` itself through ``scripts/msrun_launcher.sh``. Both launches start at collection, in
+background threads (``launches``), beside the suite's one-process tests; the tp2 launch as soon as the
+checkpoint it loads is published. The one-process runs happen in this process, in ``runs``, when the module's
+tests come (the resumes wait for the checkpoints they load, most often long published by then). Global batches are equal
 everywhere (batch_size 4 on one data-parallel rank, 2 on each of two), so losses must agree per step to a
 relative 1e-5.
 
@@ -16,11 +17,15 @@ checkpoint (m2 = b1 m1 + (1 - b1) g2, v2 likewise: the loaded moments of step 1 
 the uninterrupted 4-worker run's. Until the suite had to fit 20 minutes a third step's loss proved the
 moments indirectly; the step-2 moments prove them directly, one step earlier.
 """
+import atexit
 import os
 import shlex
 import subprocess
+import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +34,7 @@ import run_mindformer
 from mindformers_core.checkpoint import list_steps
 from mindformers_core.testing import free_port, run_msrun
 from mindformers_core.testing.msrun import child_env, describe_logs, kill_tree
+from tests.msrun_batch import background
 from tests.test_trainer import ROOT, args, build_assets, config_of, records, saved
 
 # its deadlines (840 s for 4 workers doing ~140 s of work) allow the suite's batched launches alongside
@@ -83,12 +89,24 @@ def assert_resumed(resumed, uninterrupted, rel=1e-5):
             assert err <= rel, f"{kind} {name}: relative difference {err:.1e} > {rel:.0e}"
 
 
-def launch(command, workers, log_dir, timeout):
+_LIVE = set()           # launcher processes still running (the background thread's): killed at exit
+
+
+@atexit.register
+def _kill_live():
+    for pid in list(_LIVE):
+        kill_tree(pid)
+
+
+def launch(command, workers, log_dir, timeout, base=None):
     """``scripts/msrun_launcher.sh "<command>" <workers>``; returns a function waiting for it (with a
-    deadline, killing the whole tree) that returns (exit code, output with every rank's log tail)."""
+    deadline, killing the whole tree) that returns (exit code, output with every rank's log tail).
+    ``base``: the environment to start from (default: this process's now)."""
     proc = subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "msrun_launcher.sh"), command, str(workers),
-                             str(free_port()), str(log_dir), "True", str(timeout)], cwd=ROOT, env=child_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                             str(free_port()), str(log_dir), "True", str(timeout)], cwd=ROOT,
+                            env=child_env(base=base), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    _LIVE.add(proc.pid)
 
     def wait():
         try:
@@ -97,6 +115,7 @@ def launch(command, workers, log_dir, timeout):
             output = f"killed after {timeout} s"
         finally:
             kill_tree(proc.pid)
+            _LIVE.discard(proc.pid)
         proc.wait()
         return proc.returncode, f"{output}\n{describe_logs(str(log_dir), workers, os.devnull)}"
     return wait
@@ -115,28 +134,22 @@ def published(out, four, timeout=600):
     return os.path.join(directory, f"step_{RESUME_AT}")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_assets(str(tmp_path_factory.getbasetemp() / "trainer_assets"))
-
-
-@pytest.fixture(scope="module")
-def runs(tiny, tmp_path_factory):
-    """All runs, overlapped with the 4-worker launch (2 cores: the workers' start-up, msrun's and the
-    launcher's waits are when the rest gets done).
-
-    1. thread: 4 workers (dp2 x tp2) run PyNative (checkpoint every step) then jit, then the jobs of
-       PIPELINE_JOBS (the one resuming the dp2 x tp2 checkpoint runs after the job that wrote it); here:
-       the dp2 x tp2 jobs on one process.
-    2. once the dp2 x tp2 step-1 checkpoint is published: msrun_launcher.sh starts 2 workers (tp2) resuming
-       it; here: the same on one process, and a weights-only load of it.
-    3. here, as each RESUMED job publishes its step-1 checkpoint: that job resumed on one process.
-    """
-    base = tmp_path_factory.mktemp("trainer_msrun")
+@background
+def launches():
+    """The runs' folders and the workers' launches, started at collection (tests/msrun_batch.py ``background``):
+    in a thread, 4 workers (dp2 x tp2) run PyNative (checkpoint every step) then jit, then the jobs of
+    PIPELINE_JOBS (the one resuming the dp2 x tp2 checkpoint runs after the job that wrote it); in another, as
+    soon as the dp2 x tp2 step-1 checkpoint is published, msrun_launcher.sh starts 2 workers (tp2) resuming it.
+    The one-process runs are made in ``runs`` (MindSpore is driven from the test thread only). The workers
+    start from the environment of now, not what a test running meanwhile sets."""
+    root = Path(tempfile.mkdtemp(prefix="trainer_msrun_"))
+    tiny = build_assets(str(root / "assets"))
+    base = root / "runs"
     out = {k: base / k for k in ("w4_pynative", "w4_jit", "p1_pynative", "p1_jit", "p1_resumed", "p1_weights",
                                  "tp2_resumed")}
     ckpt = out["w4_pynative"] / "checkpoint" / f"step_{RESUME_AT}"
-    out["pipeline"] = pipeline = tmp_path_factory.mktemp("trainer_pipeline")
+    out["pipeline"] = pipeline = root / "pipeline"
+    out["checkpoint"] = ckpt
     evaluate = ["--eval_dataset.dataset_dir", tiny["corpus"], "--eval_dataset.eval_steps", 1]
     jobs = [args(tiny, out["w4_pynative"], "--mode", 1, *SHORT, *DP2_TP2, *evaluate, "--callbacks",
                  f"{EVERY_STEP[1][:-1]}, {EVAL_AT_END}]"),
@@ -145,35 +158,61 @@ def runs(tiny, tmp_path_factory):
                   *[ckpt if f == DP2_TP2_CHECKPOINT else f for f in flags])
              for name, (mode, flags) in PIPELINE_JOBS.items()]
     resume = ["--resume_training", "True", *SHORT, *EVERY_STEP]
-    tp2 = None
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            four = pool.submit(run_msrun, "tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=840)
-            for mode, flag in (("pynative", 1), ("jit", 0)):
-                callbacks = ([*evaluate, "--callbacks", f"{NO_CHECKPOINTS[1][:-1]}, {EVAL_AT_END}]"] if flag == 1
-                             else NO_CHECKPOINTS)
-                assert run_mindformer.main(args(tiny, out[f"p1_{mode}"], "--mode", flag, *SHORT, *callbacks)) == 0
+    environment = dict(os.environ)
+    four, tp2 = Future(), Future()
+
+    def run_four():
+        try:
+            four.set_result(run_msrun("tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=840,
+                                      base_env=environment))
+        except BaseException as e:          # noqa: BLE001  (raised again by the test's result())
+            four.set_exception(e)
+
+    def run_tp2():
+        try:
             published(out["w4_pynative"], four)
-            tp2 = launch(shlex.join(["run_mindformer.py", *map(str, args(tiny, out["tp2_resumed"], "--use_parallel",
-                                                                          "True", "--parallel_config.model_parallel",
-                                                                          2, "--load_checkpoint", ckpt, *resume))]),
-                         2, base / "tp2_logs", timeout=300)
-            assert run_mindformer.main(args(tiny, out["p1_resumed"], "--load_checkpoint", ckpt, *resume)) == 0
-            out["weights_argv"] = args(tiny, out["p1_weights"], "--load_checkpoint", ckpt,
-                                       "--runner_config.max_steps", 1, *NO_CHECKPOINTS)
-            assert run_mindformer.main(out["weights_argv"]) == 0
-            for job in RESUMED:                  # in the launch's job order
-                step1 = published(pipeline / job, four)
-                assert run_mindformer.main(args(tiny, pipeline / f"{job}_resumed", "--load_checkpoint", step1,
-                                                *resume)) == 0
-            done = four.result()
-        print("4-worker jobs (seconds on rank 0): " + ", ".join(
-            f"{name} {secs}" for name, (_, secs) in zip(["dp2_tp2_pynative", "dp2_tp2_jit", *PIPELINE_JOBS], done[0])))
-        assert [[code for code, _ in rank] for rank in done] == [[0] * len(jobs)] * 4
-    finally:
-        if tp2 is not None:
-            out["tp2_result"] = tp2()
-    out["checkpoint"] = ckpt
+            tp2.set_result(launch(shlex.join(["run_mindformer.py", *map(str, args(
+                tiny, out["tp2_resumed"], "--use_parallel", "True", "--parallel_config.model_parallel", 2,
+                "--load_checkpoint", ckpt, *resume))]), 2, base / "tp2_logs", timeout=300, base=environment)())
+        except BaseException as e:          # noqa: BLE001
+            tp2.set_exception(e)
+    for target in (run_four, run_tp2):
+        threading.Thread(target=target, name=f"trainer-msrun-{target.__name__}", daemon=True).start()
+    return {"tiny": tiny, "out": out, "resume": resume, "evaluate": evaluate, "four": four, "tp2": tp2}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return launches()["tiny"]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny):
+    """The one-process runs, here, beside the workers' launches of ``launches`` (started at collection):
+    the dp2 x tp2 jobs on one process; once the dp2 x tp2 step-1 checkpoint is published, the same resumed
+    on one process and a weights-only load of it; as each RESUMED job publishes its step-1 checkpoint, that
+    job resumed on one process."""
+    started = launches()
+    out, resume, evaluate, four = dict(started["out"]), started["resume"], started["evaluate"], started["four"]
+    pipeline, ckpt = out["pipeline"], out["checkpoint"]
+    for mode, flag in (("pynative", 1), ("jit", 0)):
+        callbacks = ([*evaluate, "--callbacks", f"{NO_CHECKPOINTS[1][:-1]}, {EVAL_AT_END}]"] if flag == 1
+                     else NO_CHECKPOINTS)
+        assert run_mindformer.main(args(tiny, out[f"p1_{mode}"], "--mode", flag, *SHORT, *callbacks)) == 0
+    published(out["w4_pynative"], four)
+    assert run_mindformer.main(args(tiny, out["p1_resumed"], "--load_checkpoint", ckpt, *resume)) == 0
+    out["weights_argv"] = args(tiny, out["p1_weights"], "--load_checkpoint", ckpt,
+                               "--runner_config.max_steps", 1, *NO_CHECKPOINTS)
+    assert run_mindformer.main(out["weights_argv"]) == 0
+    for job in RESUMED:                  # in the launch's job order
+        step1 = published(pipeline / job, four)
+        assert run_mindformer.main(args(tiny, pipeline / f"{job}_resumed", "--load_checkpoint", step1,
+                                        *resume)) == 0
+    done = four.result()
+    print("4-worker jobs (seconds on rank 0): " + ", ".join(
+        f"{name} {secs}" for name, (_, secs) in zip(["dp2_tp2_pynative", "dp2_tp2_jit", *PIPELINE_JOBS], done[0])))
+    assert [[code for code, _ in rank] for rank in done] == [[0] * (2 + len(PIPELINE_JOBS))] * 4
+    out["tp2_result"] = started["tp2"].result()
     return out
 
 
