@@ -26,6 +26,10 @@ find top cell for backward" for any other). Under jit, a stage holding a custom 
 stages) keeps the recomputing backward below, with a warning: MindSpore 2.10 fails to compile a
 PyNative gradient through a compiled graph that holds one (``has_custom_backward``).
 
+Under jit, a last stage whose BWD of each microbatch follows its FWD (1F1B) runs the two as one
+compiled call (``PipelineRuntime._fused_pairs``): one graph costs less than a taped forward and its
+backward, and a recomputing stage saves its second forward.
+
 Settings from the environment (``MFC_PIPELINE_*``) are read once into a ``RuntimeOptions``
 (``options.py``) when a stage or runtime is built; both take ``options=`` instead.
 
