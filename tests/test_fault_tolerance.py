@@ -279,9 +279,17 @@ ASYNC_EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMon
                                    "keep_checkpoint_max: 10, async_save: True}]"]
 
 
-def test_async_saves_equal_sync_saves_and_resume_exactly(tiny, tmp_path):
-    sync, asyn = tmp_path / "sync", tmp_path / "async"
-    assert run_mindformer.main(args(tiny, sync, *EVERY_STEP)) == 0
+@pytest.fixture(scope="module")
+def uninterrupted(tiny, tmp_path_factory):
+    """The tiny config's run with a synchronous checkpoint every step, made once for the tests comparing with
+    it (read only)."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    assert run_mindformer.main(args(tiny, out, *EVERY_STEP)) == 0
+    return out
+
+
+def test_async_saves_equal_sync_saves_and_resume_exactly(tiny, tmp_path, uninterrupted):
+    sync, asyn = uninterrupted, tmp_path / "async"
     assert run_mindformer.main(args(tiny, asyn, *ASYNC_EVERY_STEP, "--runner_config.max_steps", 3)) == 0
     assert steps_in(asyn) == [1, 2, 3]
     for step in (1, 2, 3):
@@ -309,9 +317,8 @@ def test_a_failing_async_save_is_reported_and_the_previous_step_stays_latest(tin
     assert steps_in(out) == [1, 3, 4] and read_tracker(str(out / "checkpoint")) == 4
 
 
-def test_one_process_restarts_from_its_checkpoint_with_the_uninterrupted_losses(tiny, tmp_path):
-    whole, restarted = tmp_path / "whole", tmp_path / "restarted"
-    assert run_mindformer.main(args(tiny, whole, *EVERY_STEP)) == 0
+def test_one_process_restarts_from_its_checkpoint_with_the_uninterrupted_losses(tiny, tmp_path, uninterrupted):
+    whole, restarted = uninterrupted, tmp_path / "restarted"
     env = dict(os.environ, PYTHONPATH=ROOT, MFC_FAULT="exit:0:3", MFC_FAULT_ONCE=str(tmp_path / "fired"))
     res = subprocess.run([sys.executable, "run_mindformer.py", *args(tiny, restarted, *EVERY_STEP),
                           "--runner_config.max_restarts", "1", "--runner_config.heartbeat_timeout", "120"],
