@@ -327,7 +327,11 @@ class PipelineStage:
             k = len(args) - n
             loss, grads = value_and_grad(*args[:k])
             dx, weight_grads = grads if input_grad else (None, grads)
-            return loss, dx, tuple(a + g for a, g in zip(args[k:], weight_grads))
+            summed = tuple(a + g for a, g in zip(args[k:], weight_grads))
+            # the loss is ready long before the graph ends; an eager op or a host read of an output while
+            # its graph still runs spins and slows that graph 2-3x (MindSpore 2.10 CPU, docs/pipeline.md):
+            # the loss is given out with the last gradients
+            return ops.depend(loss, (dx, summed)), dx, summed
         return fused
 
     def compiled(self, kind: str, mode: str, micro_batch_num: int):
