@@ -108,6 +108,8 @@ CONFIGS["dp2" + MCCL] = CONFIGS["dp2"]
 # backward), not one compiled call (MFC_PIPELINE_FUSE_LAST=0, pipeline/runtime.py): the before/after of that change
 UNFUSED = "_unfused"
 CONFIGS["pp2" + UNFUSED] = CONFIGS["pp2"]
+VARIANT_ENV = {ASYNC: ("MFC_JIT_BLOCKING", "0"), MCCL: ("MFC_HOST_SUM", "0"),   # a variant row's suffix -> the
+               UNFUSED: ("MFC_PIPELINE_FUSE_LAST", "0")}                        # switch it sets for its workers
 # dp2 with the optimizer split over the two ranks (hsdp level1, ZeRO-1: gradients reduce-scattered, each rank
 # updates its half, parameters all-gathered), through MindSpore's collectives
 CONFIGS["dp2_zero1"] = (2, CONFIGS["dp2"][1] + ["--parallel.enable_parallel_optimizer", "True",
@@ -119,7 +121,7 @@ MICRO = {"pp2": 4, "pp2_zbv": 4}   # runner_config.batch_size is rows per microb
 
 def rows_per_microbatch(name: str) -> int:
     """batch_size for a global batch of GLOBAL_BATCH rows: global = batch_size x dp x micro_batch_num."""
-    for suffix in (ASYNC, MCCL, UNFUSED):
+    for suffix in VARIANT_ENV:
         name = name[:-len(suffix)] if name.endswith(suffix) else name
     return GLOBAL_BATCH // (DP.get(name, 1) * MICRO.get(name, 1))
 
@@ -286,15 +288,10 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
         env["MFC_PIPELINE_SYNC_TRANSFERS"] = "1"
     if recompute:
         env["MFC_PIPELINE_RECOMPUTE"] = "1"
-    env.pop("MFC_JIT_BLOCKING", None)
-    if name.endswith(ASYNC):
-        env["MFC_JIT_BLOCKING"] = "0"
-    env.pop("MFC_HOST_SUM", None)
-    if name.endswith(MCCL):
-        env["MFC_HOST_SUM"] = "0"
-    env.pop("MFC_PIPELINE_FUSE_LAST", None)
-    if name.endswith(UNFUSED):
-        env["MFC_PIPELINE_FUSE_LAST"] = "0"
+    for suffix, (variable, value) in VARIANT_ENV.items():
+        env.pop(variable, None)
+        if name.endswith(suffix):
+            env[variable] = value
     prefix = os.path.join(out_dir, "pipeline_trace")
     if trace:
         env["MFC_PIPELINE_TRACE"] = prefix

@@ -9,7 +9,6 @@ minutes-long timeouts): they run in a background thread started at collection (t
 ``background``), beside the one-process tests, and their tests only check what they left. The SIGSTOP and
 hang drills (seconds-long deadlines) run in their tests, last, on a machine without the batched launches.
 """
-import atexit
 import json
 import os
 import random
@@ -26,7 +25,7 @@ import pytest
 
 from mindformers_core.testing import free_port, run_msrun
 from mindformers_core.testing.msrun import child_env, kill_tree
-from tests.msrun_batch import background
+from tests.msrun_batch import LIVE_LAUNCHERS, background, settle
 from tests.test_trainer import ROOT, args, build_assets, tiny  # noqa: F401  (tiny: fixture)
 
 LAUNCHER = os.path.join(ROOT, "scripts", "msrun_launcher.sh")
@@ -55,15 +54,6 @@ JOBS = {   # two workers each; restarts from the launcher's MAX_RESTARTS, or fro
 }
 
 
-_LIVE = set()           # launcher processes still running (the background drills'): killed at exit
-
-
-@atexit.register
-def _kill_live():
-    for pid in list(_LIVE):
-        kill_tree(pid)
-
-
 def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True, job=DP2, base=None):
     """``base``: the environment to start from (a background drill's: the one of its start)."""
     cmd = shlex.join(["run_mindformer.py", *args(tiny, out, *job)])     # the launcher splits it as a shell does
@@ -73,12 +63,12 @@ def launch(tiny, out, logs, extra_env=None, timeout=300, wait=True, job=DP2, bas
                             start_new_session=True)
     if not wait:
         return proc
-    _LIVE.add(proc.pid)
+    LIVE_LAUNCHERS.add(proc.pid)
     try:
         out_text, _ = proc.communicate(timeout=timeout)
     finally:
         kill_tree(proc.pid)
-        _LIVE.discard(proc.pid)
+        LIVE_LAUNCHERS.discard(proc.pid)
     return proc.returncode, out_text
 
 
@@ -148,16 +138,10 @@ def drills():
     environment = dict(os.environ)
     reference, kills = Future(), {name: Future() for name in sorted(JOBS)}
 
-    def run(future, fn, *a):
-        try:
-            future.set_result(fn(*a))
-        except BaseException as e:          # noqa: BLE001  (raised again by the test's result())
-            future.set_exception(e)
-
     def all_in_turn():
-        run(reference, uninterrupted, tiny, root, environment)
+        settle(reference, uninterrupted, tiny, root, environment)
         for name, future in kills.items():
-            run(future, kill_drill, tiny, root, name, environment)
+            settle(future, kill_drill, tiny, root, name, environment)
     threading.Thread(target=all_in_turn, name="fault-drills", daemon=True).start()
     return reference, kills
 

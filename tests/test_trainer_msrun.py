@@ -17,14 +17,11 @@ checkpoint (m2 = b1 m1 + (1 - b1) g2, v2 likewise: the loaded moments of step 1 
 the uninterrupted 4-worker run's. Until the suite had to fit 20 minutes a third step's loss proved the
 moments indirectly; the step-2 moments prove them directly, one step earlier.
 """
-import atexit
 import os
 import shlex
 import subprocess
 import tempfile
-import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +31,7 @@ import run_mindformer
 from mindformers_core.checkpoint import list_steps
 from mindformers_core.testing import free_port, run_msrun
 from mindformers_core.testing.msrun import child_env, describe_logs, kill_tree
-from tests.msrun_batch import background
+from tests.msrun_batch import LIVE_LAUNCHERS, background, in_background
 from tests.test_trainer import ROOT, args, build_assets, config_of, records, saved
 
 # its deadlines (840 s for 4 workers doing ~140 s of work) allow the suite's batched launches alongside
@@ -89,15 +86,6 @@ def assert_resumed(resumed, uninterrupted, rel=1e-5):
             assert err <= rel, f"{kind} {name}: relative difference {err:.1e} > {rel:.0e}"
 
 
-_LIVE = set()           # launcher processes still running (the background thread's): killed at exit
-
-
-@atexit.register
-def _kill_live():
-    for pid in list(_LIVE):
-        kill_tree(pid)
-
-
 def launch(command, workers, log_dir, timeout, base=None):
     """``scripts/msrun_launcher.sh "<command>" <workers>``; returns a function waiting for it (with a
     deadline, killing the whole tree) that returns (exit code, output with every rank's log tail).
@@ -106,7 +94,7 @@ def launch(command, workers, log_dir, timeout, base=None):
                              str(free_port()), str(log_dir), "True", str(timeout)], cwd=ROOT,
                             env=child_env(base=base), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    _LIVE.add(proc.pid)
+    LIVE_LAUNCHERS.add(proc.pid)
 
     def wait():
         try:
@@ -115,7 +103,7 @@ def launch(command, workers, log_dir, timeout, base=None):
             output = f"killed after {timeout} s"
         finally:
             kill_tree(proc.pid)
-            _LIVE.discard(proc.pid)
+            LIVE_LAUNCHERS.discard(proc.pid)
         proc.wait()
         return proc.returncode, f"{output}\n{describe_logs(str(log_dir), workers, os.devnull)}"
     return wait
@@ -159,25 +147,17 @@ def launches():
              for name, (mode, flags) in PIPELINE_JOBS.items()]
     resume = ["--resume_training", "True", *SHORT, *EVERY_STEP]
     environment = dict(os.environ)
-    four, tp2 = Future(), Future()
 
     def run_four():
-        try:
-            four.set_result(run_msrun("tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=840,
-                                      base_env=environment))
-        except BaseException as e:          # noqa: BLE001  (raised again by the test's result())
-            four.set_exception(e)
+        return run_msrun("tests.test_trainer_msrun:run_many", 4, {"argvs": jobs}, timeout=840, base_env=environment)
 
     def run_tp2():
-        try:
-            published(out["w4_pynative"], four)
-            tp2.set_result(launch(shlex.join(["run_mindformer.py", *map(str, args(
-                tiny, out["tp2_resumed"], "--use_parallel", "True", "--parallel_config.model_parallel", 2,
-                "--load_checkpoint", ckpt, *resume))]), 2, base / "tp2_logs", timeout=300, base=environment)())
-        except BaseException as e:          # noqa: BLE001
-            tp2.set_exception(e)
-    for target in (run_four, run_tp2):
-        threading.Thread(target=target, name=f"trainer-msrun-{target.__name__}", daemon=True).start()
+        published(out["w4_pynative"], four)
+        return launch(shlex.join(["run_mindformer.py", *map(str, args(
+            tiny, out["tp2_resumed"], "--use_parallel", "True", "--parallel_config.model_parallel", 2,
+            "--load_checkpoint", ckpt, *resume))]), 2, base / "tp2_logs", timeout=300, base=environment)()
+    four = in_background("trainer-msrun-run_four", run_four)
+    tp2 = in_background("trainer-msrun-run_tp2", run_tp2)
     return {"tiny": tiny, "out": out, "resume": resume, "evaluate": evaluate, "four": four, "tp2": tp2}
 
 

@@ -329,7 +329,7 @@ class PipelineStage:
             dx, weight_grads = grads if input_grad else (None, grads)
             summed = tuple(a + g for a, g in zip(args[k:], weight_grads))
             # the loss is ready long before the graph ends; an eager op or a host read of an output while
-            # its graph still runs spins and slows that graph 2-3x (MindSpore 2.10 CPU, docs/pipeline.md):
+            # its graph still runs spins and slows that graph 2-3x (MindSpore 2.10 CPU, bench/early_read.py):
             # the loss is given out with the last gradients
             return ops.depend(loss, (dx, summed)), dx, summed
         return fused
@@ -491,7 +491,6 @@ class _RunState:
     grads: Dict[Tuple[int, int], Any] = field(default_factory=dict)
     saved: Dict[Tuple[int, int], Any] = field(default_factory=dict)
     losses: List[Any] = field(default_factory=list)
-    fused: set = field(default_factory=set)   # (m, s) whose backward ran with its forward (``_fused_pairs``)
 
 
 class PipelineRuntime:
@@ -538,6 +537,7 @@ class PipelineRuntime:
         if self.trace_file:
             self.record = True
         self.memory = MemoryStats(sorted(stages))
+        self._fused_cache = None   # (local order, its fused (microbatch, stage) pairs), see _fused_pairs
         # seconds a send/recv may block before the watchdog reports the stalled peer and ends
         # this process (a rank blocked inside a collective cannot be interrupted from Python)
         self.timeout = options.timeout
@@ -743,9 +743,8 @@ class PipelineRuntime:
         nothing the fused step computes comes from another rank, so no wait can cycle. A stage fuses all
         of its microbatches or none."""
         order = self.schedule.local_order
-        cached = self.__dict__.get("_fused_cache")
-        if cached is not None and cached[0] is order:
-            return cached[1]
+        if self._fused_cache is not None and self._fused_cache[0] is order:
+            return self._fused_cache[1]
         pairs = set()
         for i, step in enumerate(order if self.mode == "jit" else ()):
             stage = self.stages.get(step.stage_index)
@@ -773,7 +772,6 @@ class PipelineRuntime:
             run.grads[(mb, s)] = dx
         self.memory.free(s, nbytes)
         run.losses.append(loss)
-        run.fused.add((mb, s))
         return loss
 
     def _first(self, mb: int) -> int:
@@ -909,8 +907,7 @@ class PipelineRuntime:
         return grads[(mb, s + 1)]
 
     def _backward(self, step: MetaStep, stage: PipelineStage, run: _RunState):
-        if (step.micro_index, step.stage_index) in run.fused:   # ran with its forward
-            run.fused.discard((step.micro_index, step.stage_index))
+        if (step.micro_index, step.stage_index) in self._fused_pairs():   # ran with its forward
             return None
         entry = run.saved.get((step.micro_index, step.stage_index))
         if entry is None or entry[1] is None:   # no random state kept: a recorded forward (or its BWD_WEIGHT)
