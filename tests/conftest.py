@@ -38,6 +38,8 @@ def pytest_collection_modifyitems(session, config, items):
         needs[j.group] = min(needs.get(j.group, j.nproc), j.nproc)
 
     def phase(item):
+        if item.get_closest_marker("alone") is not None:    # timings: not while the batched launches take the cores
+            return 2
         if item.get_closest_marker("msrun") is None:       # (test_docs' one-process blocks too)
             return 0
         if item.get_closest_marker("beside_batch") is not None:     # (a batched module's own launches too)
