@@ -83,6 +83,7 @@ class MsrunBatch:
         self._outcome: Dict[int, Union[List[Dict[str, Any]], MsrunError]] = {}
         self._running: Dict[int, threading.Event] = {}
         self.seconds: Dict[str, float] = {}
+        self.cpu_seconds: Dict[str, float] = {}   # name -> CPU seconds of all its ranks' processes
         self.spans: Dict[int, Tuple[float, float]] = {}    # nproc -> (start, end) of its launch, time.monotonic()
 
     def add(self, name: str, nproc: int, target: str, kwargs: Optional[Kwargs] = None, timeout: float = 300.0,
@@ -169,6 +170,7 @@ class MsrunBatch:
             self.spans[nproc] = (start, time.monotonic())
         for name, secs in results[0].get("__seconds__", {}).items():
             self.seconds[name] = secs
+            self.cpu_seconds[name] = round(sum(r.get("__cpu__", {}).get(name, 0.0) for r in results), 2)
         if isinstance(done, list):    # a job outside the selection asked for later: merge
             for old, new in zip(done, results):
                 old.update(new)
