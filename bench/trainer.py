@@ -108,8 +108,13 @@ CONFIGS["dp2" + MCCL] = CONFIGS["dp2"]
 # backward), not one compiled call (MFC_PIPELINE_FUSE_LAST=0, pipeline/runtime.py): the before/after of that change
 UNFUSED = "_unfused"
 CONFIGS["pp2" + UNFUSED] = CONFIGS["pp2"]
+# pp2 with the first stage's forward compiled without the PyNative tape, its backward one compiled call that runs
+# the forward again (MFC_PIPELINE_RECOMPUTE=1; the last stage stays fused): tape against recompute
+RECOMPUTED = "_recompute"
+CONFIGS["pp2" + RECOMPUTED] = CONFIGS["pp2"]
 VARIANT_ENV = {ASYNC: ("MFC_JIT_BLOCKING", "0"), MCCL: ("MFC_HOST_SUM", "0"),   # a variant row's suffix -> the
-               UNFUSED: ("MFC_PIPELINE_FUSE_LAST", "0")}                        # switch it sets for its workers
+               UNFUSED: ("MFC_PIPELINE_FUSE_LAST", "0"),                        # switch it sets for its workers
+               RECOMPUTED: ("MFC_PIPELINE_RECOMPUTE", "1")}
 # dp2 with the optimizer split over the two ranks (hsdp level1, ZeRO-1: gradients reduce-scattered, each rank
 # updates its half, parameters all-gathered), through MindSpore's collectives
 CONFIGS["dp2_zero1"] = (2, CONFIGS["dp2"][1] + ["--parallel.enable_parallel_optimizer", "True",
@@ -286,12 +291,12 @@ def run_job(name, mode, workers, flags, paths, steps, threads, trace, timeout=90
     env.pop("MFC_CPU_THREADS", None)
     if sync_transfers:
         env["MFC_PIPELINE_SYNC_TRANSFERS"] = "1"
-    if recompute:
-        env["MFC_PIPELINE_RECOMPUTE"] = "1"
     for suffix, (variable, value) in VARIANT_ENV.items():
         env.pop(variable, None)
         if name.endswith(suffix):
             env[variable] = value
+    if recompute:
+        env["MFC_PIPELINE_RECOMPUTE"] = "1"
     prefix = os.path.join(out_dir, "pipeline_trace")
     if trace:
         env["MFC_PIPELINE_TRACE"] = prefix
