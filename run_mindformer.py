@@ -15,9 +15,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from mindformers_core.training.cli import FLAGS, main, parse  # noqa: E402  (after the path line)
+from mindformers_core.training.cli import FLAGS, finish, main, parse  # noqa: E402  (after the path line)
 
 __all__ = ["FLAGS", "main", "parse"]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())      # an msrun worker ends without the interpreter's teardown (training.cli.finish)

@@ -12,10 +12,14 @@ import sys
 def main(argv=None):
     """Program entry point: block the relayed signals, then run ``training.cli.main``. Meant for a
     process's main thread before MindSpore is imported; a library caller should call
-    ``training.cli.main`` instead."""
+    ``training.cli.main`` instead. As the program (``argv`` None) it ends the process itself: an msrun worker
+    without the interpreter's teardown (``training.cli.finish``)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
-    from .training.cli import main as cli_main
-    return cli_main(argv)
+    from .training.cli import finish, main as cli_main
+    code = cli_main(argv)
+    if argv is None:
+        finish(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -113,13 +113,25 @@ def no_jit_recompiles_per_call():
         pytest.fail(_GUARD.report())
 
 
+_MODULE_SECONDS = {}     # module file -> seconds of its tests' setup, call and teardown in this process
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    _MODULE_SECONDS[path] = _MODULE_SECONDS.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Batched msrun jobs run inside one launch per worker count, so pytest's --durations cannot
-    see them: list each job's wall seconds (rank 0) so the slow ones are visible in every run."""
+    see them: list each job's wall seconds (rank 0) so the slow ones are visible in every run; and the
+    modules whose tests took the most wall time here (a module's many short tests add up unseen by --durations)."""
     from tests.msrun_batch import BATCH
     if not BATCH.seconds:
         return
     write_timeline(terminalreporter, BATCH)
+    terminalreporter.section("modules by wall seconds of their tests in this process (incl. waiting for launches)")
+    for path, secs in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:20]:
+        terminalreporter.write_line(f"  {secs:7.1f}s  {path}")
     if _AHEAD_SECONDS:
         terminalreporter.section("one-process references computed ahead (seconds)")
         for name, secs in _AHEAD_SECONDS.items():

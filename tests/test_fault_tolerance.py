@@ -329,3 +329,35 @@ def test_one_process_restarts_from_its_checkpoint_with_the_uninterrupted_losses(
     assert "restart 1 of 1 with --resume_training True" in res.stderr
     assert [(r["step"], r["loss"], r["grad_norm"]) for r in strict_records(restarted)] == \
         [(r["step"], r["loss"], r["grad_norm"]) for r in strict_records(whole)]
+
+
+FINISH = """
+import atexit, sys, threading, time
+sys.path.insert(0, {root!r})
+from mindformers_core.training.cli import finish
+atexit.register(lambda: open({marker!r}, "w").write("exit handlers ran"))
+threading.Thread(target=time.sleep, args=(60,)).start()     # a non-daemon thread the teardown would wait for
+print("output flushed", end="")
+finish(3)
+"""
+
+
+@pytest.mark.parametrize("role, teardown", [("MS_WORKER", None), ("MS_WORKER", "1"), ("MS_SCHED", None)])
+def test_an_msrun_worker_ends_with_its_code_after_the_exit_handlers(tmp_path, role, teardown):
+    """training.cli.finish: an msrun worker flushes, runs the exit handlers and ends without the interpreter's
+    teardown (which would wait for the sleeping thread); MFC_WORKER_TEARDOWN=1 and the scheduler keep the teardown
+    (told apart here by the thread being waited for: killed at the deadline)."""
+    marker = tmp_path / "marker"
+    env = {k: v for k, v in os.environ.items() if k not in ("MS_ROLE", "MFC_WORKER_TEARDOWN")}
+    env["MS_ROLE"] = role
+    if teardown:
+        env["MFC_WORKER_TEARDOWN"] = teardown
+    quick = role == "MS_WORKER" and not teardown
+    try:
+        res = subprocess.run([sys.executable, "-c", FINISH.format(root=ROOT, marker=str(marker))], env=env,
+                             capture_output=True, text=True, timeout=15 if quick else 4)
+        assert quick, "the full teardown did not wait for the non-daemon thread"
+        assert res.returncode == 3 and res.stdout == "output flushed", (res.returncode, res.stdout, res.stderr)
+        assert marker.read_text() == "exit handlers ran"
+    except subprocess.TimeoutExpired:
+        assert not quick, "an msrun worker waited in the interpreter's teardown"
