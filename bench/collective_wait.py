@@ -4,7 +4,7 @@ unless eager ops run in the calling thread (``pynative_synchronize``, our defaul
 Rank 1 reaches an ``ops.AllReduce`` ``--late`` seconds after rank 0; rank 0's process CPU over its call is
 printed next to the same wait spent in ``time.sleep``, once with MindSpore's dispatch queue (``MFC_PYNATIVE_SYNC=0``:
 the calling thread waits for the queue in ``AsyncRQueue::Wait``, a bare loop) and once with the op in the calling
-thread (the collective's own wait sleeps). With fewer cores than ranks (the test suite's 4 and 8 ranks on 2
+thread (the collective's own wait sleeps), and inside an ``ms.jit`` function. With fewer cores than ranks (the test suite's 4 and 8 ranks on 2
 cores) the spinning rank takes the core the late rank needs. Measured numbers are in docs/performance.md.
 
     python bench/collective_wait.py [--late 3] [--rounds 3]
@@ -28,10 +28,12 @@ def main():
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "collective_wait.json"))
     args = parser.parse_args()
     runs = {}
-    for name, sync in (("dispatch queue", "0"), ("calling thread", "1")):
-        runs[name] = run_msrun("bench.collective_wait_body:run", 2, kwargs={"late": args.late, "rounds": args.rounds},
+    for name, sync, jit in (("eager op in the dispatch queue", "0", False), ("eager op in the calling thread", "1", False),
+                            ("ms.jit graph", "1", True)):
+        runs[name] = run_msrun("bench.collective_wait_body:run", 2,
+                               kwargs={"late": args.late, "rounds": args.rounds, "jit": jit},
                                timeout=120 + 4 * args.late * args.rounds, env={"MFC_PYNATIVE_SYNC": sync})
-    print(f"MindSpore {runs['calling thread'][0]['mindspore']}, 2 workers, rank 1 {args.late:.1f} s late, "
+    print(f"MindSpore {runs['ms.jit graph'][0]['mindspore']}, 2 workers, rank 1 {args.late:.1f} s late, "
           f"{args.rounds} rounds (rank 0, median [min-max])")
     print(f"{'rank 0 waiting in':<48}{'wall s':>20}{'CPU s (process)':>22}{'CPU s (main thread)':>22}")
 
@@ -40,7 +42,7 @@ def main():
         return f"{statistics.median(vals):.2f} [{min(vals):.2f}-{max(vals):.2f}]"
     for name, per_rank in runs.items():
         rows = next(r for r in per_rank if r["rank"] == 0)["rows"]
-        print(f"{'ops.AllReduce, eager op in the ' + name:<48}{cell(rows, 'collective_wall'):>20}"
+        print(f"{'ops.AllReduce, ' + name:<48}{cell(rows, 'collective_wall'):>20}"
               f"{cell(rows, 'collective_cpu'):>22}{cell(rows, 'collective_main_thread_cpu'):>22}")
         print(f"{'  time.sleep (control)':<48}{cell(rows, 'sleep_wall'):>20}{cell(rows, 'sleep_cpu'):>22}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

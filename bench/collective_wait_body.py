@@ -16,14 +16,21 @@ def _thread_cpu() -> float:
     return time.thread_time()
 
 
-def run(late: float = 3.0, rounds: int = 3):
-    """Per round: rank 1 arrives ``late`` seconds after rank 0 at an eager ``ops.AllReduce`` (rank 0 waits in
-    it), then both ranks sleep ``late`` seconds (the control: the same wait without a collective)."""
+def run(late: float = 3.0, rounds: int = 3, jit: bool = False):
+    """Per round: rank 1 arrives ``late`` seconds after rank 0 at an ``ops.AllReduce`` (rank 0 waits in it; eager,
+    or inside an ``ms.jit`` function with ``jit``), then both ranks sleep ``late`` seconds (the control: the same
+    wait without a collective)."""
     import mindspore as ms
     from mindspore import Tensor, ops
     from mindspore.communication import get_rank
     rank = get_rank()
     all_reduce = ops.AllReduce()
+    if jit:
+        op = all_reduce
+
+        def reduced(t):
+            return op(t)
+        all_reduce = ms.jit(reduced)
     x = Tensor(np.ones(4, np.float32))
     all_reduce(x).asnumpy()                    # warm-up: kernels built, both ranks here
     rows = []
