@@ -2,10 +2,10 @@
 unless eager ops run in the calling thread (``pynative_synchronize``, our default on CPU: ``MFC_PYNATIVE_SYNC``).
 
 Rank 1 reaches an ``ops.AllReduce`` ``--late`` seconds after rank 0; rank 0's process CPU over its call is
-printed next to the same wait spent in ``time.sleep``, once with MindSpore's dispatch queue (``MFC_PYNATIVE_SYNC=0``:
-the calling thread waits for the queue in ``AsyncRQueue::Wait``, a bare loop) and once with the op in the calling
-thread (the collective's own wait sleeps), and inside an ``ms.jit`` function. With fewer cores than ranks (the test suite's 4 and 8 ranks on 2
-cores) the spinning rank takes the core the late rank needs. Measured numbers are in docs/performance.md.
+printed next to the same wait spent in ``time.sleep``: with MindSpore's dispatch queue (``MFC_PYNATIVE_SYNC=0``: the
+calling thread waits for the queue in ``AsyncRQueue::Wait``, a bare loop), with the op in the calling thread (the
+collective's own wait sleeps), and inside an ``ms.jit`` function. With fewer cores than ranks (the test suite's 4 and
+8 ranks on 2 cores) a spinning rank takes the core the late rank needs. Measured numbers: docs/performance.md.
 
     python bench/collective_wait.py [--late 3] [--rounds 3]
 """
@@ -28,8 +28,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "collective_wait.json"))
     args = parser.parse_args()
     runs = {}
-    for name, sync, jit in (("eager op in the dispatch queue", "0", False), ("eager op in the calling thread", "1", False),
-                            ("ms.jit graph", "1", True)):
+    for name, sync, jit in (("eager op in the dispatch queue", "0", False),
+                            ("eager op in the calling thread", "1", False), ("ms.jit graph", "1", True)):
         runs[name] = run_msrun("bench.collective_wait_body:run", 2,
                                kwargs={"late": args.late, "rounds": args.rounds, "jit": jit},
                                timeout=120 + 4 * args.late * args.rounds, env={"MFC_PYNATIVE_SYNC": sync})

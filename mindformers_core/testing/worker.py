@@ -26,11 +26,10 @@ def main(argv):
     pynative_sync({})
     from mindformers_core.distributed import init_distributed
     env = init_distributed()
-    if os.environ.get("MFC_WORKER_RELAX", "1") != "0":
-        # a worker's bodies often start with eager ops, and until a process launches its first graph MindSpore's
-        # idle actor threads spin (training.steps.relax_actor_threads), on the cores the other ranks need
-        from mindformers_core.training.steps import relax_actor_threads
-        relax_actor_threads()
+    # a worker's bodies often start with eager ops, and until a process launches its first graph MindSpore's
+    # idle actor threads spin (training.steps.relax_actor_threads), on the cores the other ranks need
+    from mindformers_core.training.steps import relax_actor_threads
+    relax_actor_threads()
 
     # code that must end the process itself (e.g. the pipeline watchdog) reports here too
     os.environ["MFC_ERROR_FILE"] = os.path.join(out_dir, f"rank_{env.rank}.error")

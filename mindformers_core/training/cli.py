@@ -204,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def finish(code: int, environ=None) -> None:
+def finish(code: int) -> None:
     """End the command-line process with ``code``; an msrun worker skips the interpreter's teardown.
 
     Why: under MindSpore 2.10 on CPU a tp2 worker of the test suite twice died with SIGSEGV (-11) after its run had
@@ -214,14 +214,11 @@ def finish(code: int, environ=None) -> None:
     ``os._exit(code)``: the scheduler still logs each worker's unregistration and msrun exits 0 (2-rank tp2 run of
     configs/llama_tiny.yaml, 15 s either way). ``MFC_WORKER_TEARDOWN=1`` keeps the full teardown; the scheduler
     process and a process outside msrun always keep it."""
-    env = os.environ if environ is None else environ
-    if env.get("MS_ROLE") != "MS_WORKER" or env.get("MFC_WORKER_TEARDOWN", "0") == "1":
+    if os.environ.get("MS_ROLE") != "MS_WORKER" or os.environ.get("MFC_WORKER_TEARDOWN", "0") == "1":
         sys.exit(code)
     import atexit
     import logging
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()     # (they may print: the flush comes after)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
