@@ -1,10 +1,12 @@
 """Causal self-attention with grouped-query attention (GQA) and rotary positions.
 
-Positions are inputs: without ``position_ids`` a row is one document at positions 0..s-1 and the
-rotary tables and causal mask are constants built for ``seq_length`` (in the storage order of
-context parallelism); with ``position_ids`` (and optionally ``segment_ids``) of shape (b, s) the
-rotary angles are looked up per token and the mask is built per row: a query sees the keys of its
-own segment at positions not after its own (packed documents never see each other).
+Positions are inputs: without ``position_ids`` a row is one document at positions 0..s-1, for any
+length s up to ``config.max_positions``: the rotary angles are the first s rows of constant tables the
+model's layers share (``rotary.py``) and the causal mask is built in the graph from s (no layer holds a
+seq_length^2 constant); with context parallelism both are in the sequence's storage order and s must be
+``seq_length``. With ``position_ids`` (and optionally ``segment_ids``) of shape (b, s) the rotary angles
+are looked up per token and the mask is built per row: a query sees the keys of its own segment at
+positions not after its own (packed documents never see each other).
 
 Written for one card, and correct unchanged on tensor-parallel shards: head counts are never
 baked in (reshapes use -1 for the heads dim, so a rank holding heads/tp heads just sees fewer),
@@ -15,6 +17,7 @@ which the sharding pass follows op by op.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import mindspore as ms
@@ -35,6 +38,26 @@ def causal_mask(seq_length: int, positions=None) -> Tensor:
     (above the diagonal for the default positions 0..s-1), 0 elsewhere."""
     pos = np.arange(seq_length) if positions is None else positions
     return Tensor(causal_mask_array(pos, MASK_VALUE)[None, None])
+
+
+def causal_mask_of_length(s: int):
+    """``causal_mask(s)`` computed in the graph from the static length s (keys after the query: MASK_VALUE)."""
+    pos = ops.arange(s, dtype=ms.int32)
+    allowed = ops.expand_dims(pos, 0) <= ops.expand_dims(pos, 1)          # (query, key): key not after query
+    mask = ops.select(allowed, ops.zeros((s, s), ms.float32), ops.fill(ms.float32, (s, s), MASK_VALUE))
+    return mask.reshape(1, 1, s, s)
+
+
+# storage-order positions (context parallelism) -> the one mask the model's layers share
+_STORAGE_MASKS = weakref.WeakValueDictionary()
+
+
+def _storage_order_mask(positions) -> Tensor:
+    key = tuple(int(p) for p in positions)
+    mask = _STORAGE_MASKS.get(key)
+    if mask is None:
+        mask = _STORAGE_MASKS[key] = causal_mask(len(key), np.asarray(key))
+    return mask
 
 
 class AttentionMask(nn.Cell):
@@ -70,7 +93,9 @@ class DotProductAttention(nn.Cell):
     """softmax(q k^T / sqrt(d) + causal mask) v for q (b, n, s, d), k (b, g, s, d) and v
     (b, g, s, dv) with g key/value heads (each shared by n // g query heads); returns (b, s, n * dv).
     ``mask`` (b, 1, s, s), optional: an additive mask (``AttentionMask``) instead of the built-in
-    causal one.
+    causal one, which is built in the graph for q's length s (any s); with context parallelism
+    (``context_parallel_size > 1``) it is the constant mask of the seq_length storage-order positions,
+    one per model (``self.mask``; None otherwise).
 
     One op for the sharding pass (``scaled_dot_product_attention``): heads may be split (tensor
     parallel); a sequence split over ``cp`` runs the context-parallel kernel instead (ring,
@@ -82,7 +107,8 @@ class DotProductAttention(nn.Cell):
         super().__init__()
         self.repeat = config.num_attention_heads // config.query_groups
         self.scale = 1.0 / math.sqrt(config.head_dim if softmax_dim is None else softmax_dim)
-        self.mask = causal_mask(config.seq_length, config.token_positions())
+        # context parallelism: the storage order's mask, shared by the layers; else built from q's length
+        self.mask = _storage_order_mask(config.token_positions()) if config.context_parallel_size > 1 else None
         self.cp_attrs = {"causal": True, "seq_axis": "cp", "algorithm": config.context_parallel_algo,
                          "ulysses_degree": config.ulysses_degree_in_cp,
                          "load_balance": config.context_parallel_load_balance}
@@ -99,12 +125,22 @@ class DotProductAttention(nn.Cell):
 
     def construct(self, q, k, v, mask=None):
         if mask is None:
-            mask = self.mask
+            mask = self.causal(q.shape[2])
         k, v = repeat_kv(k, v, self.repeat)
         probs = attention_probs(q, k, mask, self.scale, self.low_precision, self.compute_dtype)
         if self.use_dropout:
             probs = ops.dropout(probs, p=self.dropout_p, training=self.training)
         return attention_context(probs, v)
+
+
+    def causal(self, s: int):
+        """The built-in causal mask (1, 1, s, s) for s queries and keys."""
+        if self.mask is None:
+            return causal_mask_of_length(s)
+        if s != self.mask.shape[-1]:
+            raise ValueError(f"DotProductAttention: {s} tokens with context parallelism: the causal mask is the "
+                             f"storage order of seq_length={self.mask.shape[-1]} tokens; give inputs of that length")
+        return self.mask
 
 
 def repeat_kv(k, v, repeat: int):

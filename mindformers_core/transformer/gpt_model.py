@@ -60,13 +60,19 @@ class GPTModel(nn.Cell):
     ``post_process`` the result is hidden states, or (hidden states, load-balancing loss of this part's
     MoE layers) when it holds any (``returns_aux``). ``token_ids``: the ids of the microbatch on a last
     pipeline stage with multi-token prediction (its first argument being hidden states). ``layer_spec``: a LayerSpec or a spec function
-    ``(config, layer_number) -> LayerSpec`` (``transformer/spec.py``; default :func:`gpt_layer_spec`)."""
+    ``(config, layer_number) -> LayerSpec`` (``transformer/spec.py``; default :func:`gpt_layer_spec`).
+
+    The sequence length s of ``input_ids`` may be anything up to ``config.max_positions`` (max_position_embeddings,
+    at least seq_length; past it: a ``ValueError``), not only ``seq_length``: the rotary rows and the causal mask
+    follow s. Under ``ms.jit`` every new length is a new compile. With context parallelism s must be
+    ``seq_length`` (the storage order of the sequence is built for it)."""
 
     def __init__(self, config: TransformerConfig, pre_process: Optional[bool] = None,
                  post_process: Optional[bool] = None, layer_spec=gpt_layer_spec, pp_rank: int = 0,
                  vp_stage: Optional[int] = None, layers_per_stage: Optional[Sequence] = None):
         super().__init__()
         self.config = config
+        self.max_positions = config.max_positions
         stage = stage_of(config, pp_rank, vp_stage, layers_per_stage)
         self.pre_process = stage.has_embedding if pre_process is None else pre_process
         self.post_process = stage.has_output if post_process is None else post_process
@@ -109,6 +115,7 @@ class GPTModel(nn.Cell):
 
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, segment_ids=None,
                   token_ids=None):
+        self.check_length(input_ids.shape[1])
         if self.pre_process:
             x = self.embedding(input_ids)
         else:
@@ -134,6 +141,13 @@ class GPTModel(nn.Cell):
         if self.has_mtp and labels is not None:
             return loss + self._mtp(x, embedded, labels, loss_mask, position_ids, segment_ids)
         return loss
+
+    def check_length(self, s: int):
+        """A ``ValueError`` for a sequence of s tokens past ``config.max_positions`` (s is static: under ``ms.jit``
+        it is raised while compiling)."""
+        if s > self.max_positions:
+            raise ValueError(f"GPTModel: input_ids has {s} tokens, past the model's position limit "
+                             f"max_positions={self.max_positions} (max_position_embeddings, at least seq_length)")
 
     def _mtp(self, hidden, embedded, labels, loss_mask, position_ids, segment_ids):
         """The multi-token prediction term (with its layers' load-balancing losses): depth k takes this model's
