@@ -10,8 +10,10 @@ the loader and exporter and the tests read the same table.
 A row maps one tensor of ours to one Hugging Face tensor. Stacked tensors -- our routed experts are one
 ``(E, in, out)`` tensor per projection, Hugging Face stores ``experts.{e}.…`` one per expert -- are a
 :class:`StackedRule`. Every rule can also build just a *region* of our tensor from slices of the
-Hugging Face tensors (``read``): that is how a rank of a parallel job loads only what it holds.
-Pure NumPy; no MindSpore.
+Hugging Face tensors (``read``): that is how a rank of a parallel job loads only what it holds. Given
+``out`` (an array of the region's shape in the dtype wanted), ``read`` fills it in blocks of rows of the
+Hugging Face tensor, converting on the way (bfloat16 -> float32 through the bits): a tensor is never held
+twice, only one block besides ``out``. Pure NumPy; no MindSpore.
 """
 from __future__ import annotations
 
@@ -44,6 +46,40 @@ def _match(pattern: str, name: str) -> Optional[Dict[str, int]]:
     """The integer fields of ``name`` under ``pattern`` (None when it does not match)."""
     m = _compile(pattern).fullmatch(name)
     return None if m is None else {k: int(v) for k, v in m.groupdict().items()}
+
+
+READ_BLOCK_BYTES = 64 << 20       # ``read(..., out=)``: rows of a Hugging Face tensor read at a time
+
+
+def cast_into(src: np.ndarray, out: np.ndarray) -> None:
+    """``out[...] = src`` in ``out``'s dtype (any strides); bfloat16 -> float32 exactly through the bits (the
+    upper half of a float32), which is much faster than a cast through MindSpore's NumPy bfloat16."""
+    src = np.asarray(src)
+    if src.dtype.name == "bfloat16" and out.dtype == np.float32:
+        np.left_shift(src.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(out, src, casting="unsafe")
+
+
+def read_into(reader: "HFReader", hf: str, slices: Tuple[slice, ...], transpose: bool, out: np.ndarray
+              ) -> np.ndarray:
+    """``out`` (our region: C-contiguous, in its final dtype) from ``slices`` of the Hugging Face tensor ``hf``
+    (in its order), transposed or not, read in blocks of its dim-0 rows (``READ_BLOCK_BYTES`` of ``out``)."""
+    if out.ndim == 0 or not slices:
+        cast_into(reader(hf, tuple(slices)), out)
+        return out
+    first, stop = slices[0].start or 0, slices[0].stop
+    hf_shape = out.shape[::-1] if transpose else out.shape
+    rows = max(1, READ_BLOCK_BYTES // max(1, int(np.prod(hf_shape[1:], dtype=np.int64)) * out.itemsize))
+    for a in range(first, stop, rows):
+        b = min(a + rows, stop)
+        block = reader(hf, (slice(a, b),) + tuple(slices[1:]))
+        if transpose:
+            cast_into(np.asarray(block).T, out[..., a - first:b - first])
+        else:
+            cast_into(block, out[a - first:b - first])
+        del block
+    return out
 
 
 def _flip(array, transpose: bool) -> np.ndarray:
@@ -83,9 +119,12 @@ class Rule(ABC):
         ...
 
     @abstractmethod
-    def read(self, fields: Mapping[str, int], shape: Tuple[int, ...], region: Region, reader: HFReader) -> np.ndarray:
+    def read(self, fields: Mapping[str, int], shape: Tuple[int, ...], region: Region, reader: HFReader,
+             out: Optional[np.ndarray] = None) -> np.ndarray:
         """The ``region`` of our tensor (global ``shape``) from slices of the Hugging Face tensors
-        (``reader(hf name, slices)``): only what the region needs is read."""
+        (``reader(hf name, slices)``): only what the region needs is read. ``out``: fill this array (the
+        region's shape, C-contiguous, the dtype wanted) block by block and return it; else a new array in
+        the file's dtype."""
         ...
 
     @abstractmethod
@@ -126,9 +165,12 @@ class NameRule(Rule):
     def from_hf(self, fields, arrays):
         return self._flip(arrays[0])
 
-    def read(self, fields, shape, region, reader):
+    def read(self, fields, shape, region, reader, out=None):
         slices = tuple(slice(a, b) for a, b in region)
-        return self._flip(reader(self.hf_pattern.format(**fields), slices[::-1] if self.transpose else slices))
+        slices = slices[::-1] if self.transpose else slices
+        if out is not None:
+            return read_into(reader, self.hf_pattern.format(**fields), slices, self.transpose, out)
+        return self._flip(reader(self.hf_pattern.format(**fields), slices))
 
     def hf_shapes(self, fields, shape):
         return {self.hf_pattern.format(**fields): tuple(shape)[::-1] if self.transpose else tuple(shape)}
@@ -176,9 +218,13 @@ class StackedRule(Rule):
     def from_hf(self, fields, arrays):
         return np.stack([self._flip(a) for a in arrays])
 
-    def read(self, fields, shape, region, reader):
+    def read(self, fields, shape, region, reader, out=None):
         inner = tuple(slice(a, b) for a, b in region[1:])
         inner = inner[::-1] if self.transpose else inner
+        if out is not None:
+            for k, e in enumerate(range(*region[0])):
+                read_into(reader, self._name(fields, e), inner, self.transpose, out[k])
+            return out
         return np.stack([self._flip(reader(self._name(fields, e), inner)) for e in range(*region[0])])
 
     def hf_shapes(self, fields, shape):
@@ -223,9 +269,11 @@ class StateDictAdapter:
         rule, fields = self._ours(name)
         return rule.hf_shapes(fields, tuple(shape))
 
-    def read(self, name: str, shape: Tuple[int, ...], region: Region, reader: HFReader) -> np.ndarray:
+    def read(self, name: str, shape: Tuple[int, ...], region: Region, reader: HFReader,
+             out: Optional[np.ndarray] = None) -> np.ndarray:
         """The ``region`` of our parameter ``name`` (global ``shape``) read through ``reader``; a Hugging
-        Face name the reader does not hold (``KeyError``) is read from its fallback when it has one."""
+        Face name the reader does not hold (``KeyError``) is read from its fallback when it has one.
+        ``out``: fill it (see :meth:`Rule.read`)."""
         rule, fields = self._ours(name)
 
         def with_fallback(hf, slices):
@@ -235,7 +283,7 @@ class StateDictAdapter:
                 if hf in self.fallbacks:
                     return reader(self.fallbacks[hf], slices)
                 raise
-        return rule.read(fields, tuple(shape), tuple(tuple(r) for r in region), with_fallback)
+        return rule.read(fields, tuple(shape), tuple(tuple(r) for r in region), with_fallback, out=out)
 
     def ours_of_hf(self, hf: str) -> Optional[str]:
         """Our name for a Hugging Face tensor name (None: ignored by this family; KeyError: no row)."""

@@ -22,6 +22,7 @@ from ..checkpoint import (AsyncSaver, CheckpointError, checkpoint_specs, list_st
                           load_optimizer_state, load_training_state, newest_intact_step, remove_leftovers, resolve_step,
                           save_checkpoint, shard_single_file, verify_step)
 from ..checkpoint.format import TRACKER, read_tracker
+from ..models.hf.loader import fill_parameter
 from ..models.mtp_names import OURS as MTP_NAME
 from ..sharding.annotations import global_shape_of, layout_of
 from .config import ConfigError
@@ -224,7 +225,12 @@ class Checkpointer:
                 values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
             with self.full_weights():
                 for p in params + frozen + state:   # set_data: ops.assign checks a sliced Parameter against its
-                    set_parameter(p, values[p.name])  # full shape once communication is initialised
+                    if root == "hf":                # full shape once communication is initialised
+                        fill_parameter(values, p)   # read now, straight into the parameter's memory
+                    else:
+                        set_parameter(p, values[p.name])
+            if root == "hf":
+                values.close()
             if len(frozen) < len(self.frozen):
                 have = {id(p) for p in frozen}
                 self._load_base([p for p in self.frozen if id(p) not in have])
@@ -298,27 +304,32 @@ class Checkpointer:
                                (f" (nor {len(absent) - 1} more)" if len(absent) > 1 else "")])
         with self.full_weights():
             for p in missing:
-                set_parameter(p, values[p.name])
+                if root == "hf":
+                    fill_parameter(values, p)
+                else:
+                    set_parameter(p, values[p.name])
+        if root == "hf":
+            values.close()
         if self.rank == 0:
             self.log(f"LoRA: {len(missing)} frozen base weights loaded from {self.base_source}")
 
-    def _load_hf(self, folder_path: str, targets) -> Dict[str, np.ndarray]:
-        """This rank's region of every target from a Hugging Face folder, through the family's table, cast
-        to the parameters' dtypes. A problem (a missing tensor, a shape the config does not give) is a
-        ConfigError naming the tensor and the file."""
+    def _load_hf(self, folder_path: str, targets):
+        """This rank's region of every target from a Hugging Face folder, through the family's table, in the
+        parameters' dtypes: an ``HFWeights`` mapping, checked now (a problem -- a missing tensor, a shape the
+        config does not give -- is a ConfigError naming the tensor and the file) and read one tensor at a time
+        when asked for (``fill_parameter`` reads straight into a parameter); close it after."""
         from ..models.hf.folder import FolderError, open_folder
-        from ..models.hf.loader import load_hf_weights, unused_tensors
+        from ..models.hf.loader import HFWeights, unused_tensors
         where = f"load_checkpoint = {folder_path!r}"
         if self.hf_adapter is None:
             raise ConfigError([f"{where}: a Hugging Face model folder, but this model family has no Hugging Face "
                                "name table (register one with register_model(..., state_dict_adapter=...))"])
+        dtypes = {p.name: ms.dtype_to_nptype(p.dtype) for p in self.params + self.state_params + self.frozen}
         try:
             folder = open_folder(folder_path)
-            values = load_hf_weights(folder, self.hf_adapter, targets, self.rank)
+            values = HFWeights(folder, self.hf_adapter, targets, self.rank, dtype=dtypes)
         except FolderError as e:
             raise ConfigError([f"{where}: {e}"]) from None
-        dtypes = {p.name: ms.dtype_to_nptype(p.dtype) for p in self.params + self.state_params + self.frozen}
-        values = {k: v.astype(dtypes.get(k, v.dtype), copy=False) for k, v in values.items()}
         if self.rank == 0 and self.world == 1:
             extra = unused_tensors(folder, self.hf_adapter, list(targets))
             if extra:

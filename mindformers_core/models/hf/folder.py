@@ -8,8 +8,9 @@ that leaves the folder (``../``, absolute, a symlink out) is refused. Every safe
 against its file's size, so a truncated file is named with the first tensor it cuts off, before any
 process group exists.
 
-Tensors are read by slice through the ``safetensors`` package: a rank reads only the parts of each
-tensor it holds.
+Tensors are read by slice straight from the files, at the offsets the checked headers give (``pread`` into a
+buffer of just the rows a slice covers; no memory map, so pages already read do not stay in the process):
+a rank reads only the parts of each tensor it holds, and a large tensor can be read in row blocks.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import contextlib
 import json
 import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -45,6 +47,7 @@ class TensorInfo:
     file: str                     # path of the safetensors file holding it
     dtype: str                    # safetensors code (F32, BF16, ...)
     shape: Tuple[int, ...]
+    offset: int = -1              # byte offset of its data in the file (-1: not known)
 
 
 @dataclass
@@ -63,9 +66,10 @@ class HFFolder:
 
     @contextlib.contextmanager
     def reader(self) -> Iterator:
-        """``read(name, slices or None) -> np.ndarray`` reading through safetensors' slices; ``KeyError``
-        for a tensor the folder does not hold. Files are opened once each, closed on exit."""
-        from safetensors import safe_open
+        """``read(name, slices or None) -> np.ndarray`` (a view of a buffer holding just the rows of the
+        slice: only the bytes from the slice's first to its last row are read); ``KeyError`` for a tensor the
+        folder does not hold. BF16 comes as MindSpore's NumPy ``bfloat16``. Files are opened once each,
+        closed on exit."""
         with contextlib.ExitStack() as stack:
             handles = {}
 
@@ -73,13 +77,61 @@ class HFFolder:
                 info = self.tensors.get(name)
                 if info is None:
                     raise KeyError(name)
-                f = handles.get(info.file)
-                if f is None:
-                    f = handles[info.file] = stack.enter_context(safe_open(info.file, framework="np"))
-                if slices is None:
-                    return f.get_tensor(name)
-                return f.get_slice(name)[tuple(slices)]
+                fd = handles.get(info.file)
+                if fd is None:
+                    fd = handles[info.file] = os.open(info.file, os.O_RDONLY)
+                    stack.callback(os.close, fd)
+                return read_slice(fd, info, slices)
             yield read
+
+
+def numpy_dtype(code: str) -> np.dtype:
+    """The NumPy dtype of a safetensors dtype code, little-endian (``bfloat16``: MindSpore's, registered when
+    MindSpore is imported)."""
+    name = DTYPES[code][0]
+    if name == "bfloat16":
+        try:
+            return np.dtype(name)
+        except TypeError:
+            import mindspore  # noqa: F401  (registers NumPy's bfloat16)
+            return np.dtype(name)
+    return np.dtype(name).newbyteorder("<")
+
+
+def _pread_into(fd: int, buffer: np.ndarray, offset: int, where: str) -> None:
+    view, done = memoryview(buffer).cast("B"), 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"{where}: the file ended {len(view) - done} bytes early (truncated while reading?)")
+        done += n
+
+
+def read_slice(fd: int, info: TensorInfo, slices=None) -> np.ndarray:
+    """``slices`` (or all) of the tensor ``info`` from the open file ``fd``: the rows of dim 0 the slices
+    cover are read into a new buffer (one read), the other dims' slices are views of it."""
+    if info.offset < 0:
+        raise ValueError(f"tensor {info.name!r}: its data offset is not known (read its header with "
+                         "read_safetensors_header)")
+    dtype, shape = numpy_dtype(info.dtype), tuple(info.shape)
+    slices = tuple(slices) if slices is not None else ()
+    if len(slices) > len(shape):
+        raise IndexError(f"tensor {info.name!r} of shape {list(shape)}: {len(slices)} slices")
+    slices = slices + (slice(None),) * (len(shape) - len(slices))
+    if not shape:
+        rows, first, rest = 1, 0, ()
+    else:
+        start, stop, step = slices[0].indices(shape[0])
+        if step != 1:
+            raise ValueError(f"tensor {info.name!r}: only slices with step 1 are read")
+        first, rows, rest = start, max(stop - start, 0), slices[1:]
+    row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    buffer = np.empty(rows * row, np.uint8)
+    _pread_into(fd, buffer, info.offset + first * row, f"{os.path.basename(info.file)}: tensor {info.name!r}")
+    array = buffer.view(dtype).reshape((rows,) + shape[1:] if shape else ())
+    if sys.byteorder != "little" and dtype.itemsize > 1 and dtype.name != "bfloat16":
+        array = array.astype(dtype.newbyteorder("="))
+    return array[(slice(None),) + rest] if shape else array
 
 
 def _fail(path: str, what: str) -> None:
@@ -126,22 +178,26 @@ def read_safetensors_header(path: str, folder: str) -> Dict[str, TensorInfo]:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             _fail(folder, f"{name}: the safetensors header is not valid JSON ({e})")
     data = size - 8 - n
+    base = 8 + n
     out = {}
     for key, entry in header.items():
         if key == "__metadata__":
             continue
         try:
             dtype, shape, (start, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
+            start, end = int(start), int(end)
         except (KeyError, TypeError, ValueError):
             _fail(folder, f"{name}: tensor {key!r} has a malformed header entry {entry!r}")
         if dtype not in DTYPES:
             _fail(folder, f"{name}: tensor {key!r} has dtype {dtype!r}; readable: {sorted(DTYPES)}")
+        if not 0 <= start <= end:
+            _fail(folder, f"{name}: tensor {key!r} has data offsets {[start, end]}, not 0 <= start <= end")
         if end > data:
             _fail(folder, f"{name}: tensor {key!r} ends at byte {end} of the data but the file holds {data} data "
                           f"bytes: the file is truncated (download it again)")
         if end - start != int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]:
             _fail(folder, f"{name}: tensor {key!r} of {dtype}{list(shape)} has {end - start} bytes")
-        out[key] = TensorInfo(key, path, dtype, shape)
+        out[key] = TensorInfo(key, path, dtype, shape, base + int(start))
     return out
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from ...transformer.init import deferred_init
 from .config import read_hf_config
 from .folder import open_folder
-from .loader import load_hf_weights
+from .loader import HFWeights, fill_parameter
 
 
 def from_pretrained(folder: str, **model_config: Any):
@@ -16,7 +15,6 @@ def from_pretrained(folder: str, **model_config: Any):
     ``model_config`` keys overriding (e.g. ``seq_length=16``), and its weights loaded. Returns the model, which
     takes ids of any length up to config.json's ``max_position_embeddings`` (``seq_length`` need not be given:
     the family's default, at most that limit)."""
-    import mindspore as ms
     spec, config, _ = read_hf_config(folder)
     config, positions = dict(config), config.get("max_position_embeddings")
     if positions and "seq_length" not in model_config:
@@ -25,17 +23,21 @@ def from_pretrained(folder: str, **model_config: Any):
     model_cfg = spec.config_class.from_model_config(config)
     if positions and model_cfg.max_position_embeddings is None:     # the families' configs do not read the key
         model_cfg.max_position_embeddings = int(positions)
-    model = spec.model_class(model_cfg)
+    hf = open_folder(folder)
+    adapter, held = spec.state_dict_adapter, set(hf.tensors)
+    with deferred_init() as deferred:          # no random draws for weights the folder overwrites
+        model = spec.model_class(model_cfg)
     weights = list(model.trainable_params())
-    adapter, held = spec.state_dict_adapter, set(open_folder(folder).tensors)
     for p in model.get_parameters():           # state the folder holds too (DeepSeek-V3's expert bias)
         if not p.requires_grad and _held(adapter, p, held):
             weights.append(p)
-    values = load_hf_weights(open_folder(folder), adapter, {p.name: tuple(p.shape) for p in weights})
-    for p in weights:
-        p.set_data(ms.Tensor(np.asarray(values[p.name]).astype(ms.dtype_to_nptype(p.dtype))))
+    # checked first (every missing or misshaped tensor named), then read one tensor at a time straight into
+    # each parameter's memory, converted to its dtype on the way
+    with HFWeights(hf, adapter, {p.name: tuple(p.shape) for p in weights}) as values:
+        for p in weights:
+            fill_parameter(values, p)
+    deferred.materialize(loaded=weights)       # anything the folder did not give: its usual random draw
     return model
-
 
 
 def _held(adapter, p, held) -> bool:
