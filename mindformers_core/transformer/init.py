@@ -21,6 +21,7 @@ from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
+from mindspore.common.initializer import initializer
 
 
 def global_seed() -> int:
@@ -81,7 +82,8 @@ def deferred_init() -> Iterator[DeferredInit]:
 
 
 def _zeros(shape: Sequence[int], dtype) -> Tensor:
-    return Tensor(np.zeros(tuple(shape), np.float32), dtype)
+    """Zeros whose pages are only touched when written (MindSpore's zeros initializer: no copy)."""
+    return initializer("zeros", tuple(int(d) for d in shape), dtype)
 
 
 def normal_parameter(key: str, shape: Tuple[int, ...], std: float, dtype, name: str = "weight") -> Parameter:
