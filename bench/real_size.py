@@ -28,8 +28,8 @@ over the repeats [min-max] and ratios ours/torch (medians; min-max of the ratios
   weights + gradients + two AdamW moments (4 x params x 4 bytes).
 - ``tp2``: the same step through the trainer (run_mindformer.py under msrun via scripts/msrun_launcher.sh, 2
   workers, tensor parallel 2, the folder as ``pretrained_model_dir`` and ``load_checkpoint``, seq 256, batch 1,
-  AdamW lr 1e-5, no clipping / bad-step guard / gradient norm, a text corpus and a small SentencePiece tokenizer
-  (bench/trainer.py's assets), jit): rank 0's ``step_time_s`` (median after the first step and ``--warmup``),
+  AdamW lr 1e-5, no clipping / bad-step guard / gradient norm, a text corpus tokenized by the Qwen3 test fixture's
+  tokenizer.json (320 pieces), jit): rank 0's ``step_time_s`` (median after the first step and ``--warmup``),
   compile = first - that, each rank's peak RSS (sampled) beside half the analytic bytes.
 - ``gen1`` / ``gen4``: ``Generator(model, GenerationConfig(max_new_tokens=32, eos_token_id=[]), jit=True)`` on 1 / 4
   prompts of 32 tokens: compile = first generate - the median of the next ``--gen-runs`` - 1, first-token latency
@@ -63,7 +63,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -77,6 +79,7 @@ BODY = os.path.join(ROOT, "bench", "real_size_body.py")
 FOLDER_SCRIPT = os.path.join(ROOT, "bench", "real_size_folder.py")
 ROWS = ("load", "fwd64", "fwd512", "train", "tp2", "gen1", "gen4", "matmul64", "matmul256")
 TRAIN_SEQ, PROMPT, NEW = 256, 32, 32
+TOKENIZER = os.path.join(ROOT, "tests", "data", "hf", "qwen3", "tokenizer.json")
 TARGETS = {"load_mb_s": 200.0, "load_peak_over_held": 1.3, "fwd_pynative": 3.0, "train_jit": 1.5,
            "decode": 0.5, "first_token_s": 2.0, "compile_depth": 2.0}
 
@@ -106,13 +109,18 @@ def run_body(python, row, args, timeout, torch=False):
 def tp2_yaml(root, folder, seq, steps):
     """The trainer YAML of the tp2 row: configs/llama_tiny.yaml with the model from ``folder``."""
     import yaml
-    from bench.trainer import assets
-    paths = assets(os.path.join(ROOT, "bench", "results", "trainer_assets"))   # corpus + tokenizer (cached)
+    from mindformers_core.data.corpus import build_corpus
+    corpus = os.path.join(ROOT, "bench", "results", "real_size_assets", "corpus.txt")
+    if not os.path.exists(corpus):
+        os.makedirs(os.path.dirname(corpus), exist_ok=True)
+        build_corpus(corpus, max_bytes=400_000)
     with open(os.path.join(ROOT, "configs", "llama_tiny.yaml")) as f:
         raw = yaml.safe_load(f)
     raw["model"] = {"model_config": {"seq_length": seq, "compute_dtype": "float32", "param_init_dtype": "float32"}}
     raw["pretrained_model_dir"] = raw["load_checkpoint"] = folder
-    raw["train_dataset"].update(dataset_dir=paths["corpus"], tokenizer_file=paths["tokenizer"])
+    # a Hugging Face tokenizer smaller than the model's vocabulary is accepted (the real Qwen3's is too); the
+    # folder made here has none, so the Qwen3 test fixture's (320 pieces) tokenizes the corpus
+    raw["train_dataset"].update(dataset_dir=corpus, tokenizer_file=TOKENIZER)
     raw["optimizer"].update(learning_rate=1e-5, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0)
     raw["lr_schedule"].update(learning_rate=1e-5, lr_end=1e-5, warmup_steps=0)
     raw["lr_schedule"].pop("warmup_ratio", None)
@@ -154,11 +162,21 @@ def run_tp2(folder, steps, warmup, timeout, mode="jit"):
         with open(loss_log) as f:
             records = [json.loads(line) for line in f if line.strip()]
     if len(records) < steps:
-        raise RuntimeError(f"tp2: exit {proc.returncode}, {len(records)} of {steps} steps logged\n{output[-3000:]}")
+        logs = output
+        for r in range(2):      # the workers' own logs hold their tracebacks
+            path = os.path.join(out_dir, "msrun_log", f"worker_{r}.log")
+            if os.path.exists(path):
+                with open(path, errors="replace") as f:
+                    logs += f.read()
+        errors = [ln.strip() for ln in logs.splitlines()
+                  if re.match(r"\s*(\w+Error|Exception)\b.*:", ln) or "problem(s) in" in ln]
+        why = errors[-1][:240] if errors else f"{len(records)} of {steps} steps logged"
+        raise RuntimeError(f"tp2 {mode}: exit {proc.returncode}: {why}\n{output[-3000:]}")
+    shutil.rmtree(out_dir, ignore_errors=True)     # the YAML, logs and loss.jsonl: read
     times = [r["step_time_s"] for r in records]
     steady = statistics.median(times[1 + warmup:] or times[1:])
     return {"times": times, "first": times[0], "steady": steady, "compile": times[0] - steady,
-            "losses": [r["loss"] for r in records], "peak_rss": rss, "output_dir": out_dir, "exit": proc.returncode,
+            "losses": [r["loss"] for r in records], "peak_rss": rss, "exit": proc.returncode,
             "process_wall": time.monotonic() - t0, "load_average": os.getloadavg()[0]}
 
 
@@ -187,7 +205,8 @@ def plan(a, folder, vocab):
             jobs.append(("train/torch", "torch", "torch_train", dict(base, length=TRAIN_SEQ, steps=a.steps,
                                                                      warmup=a.warmup)))
         elif name == "tp2":
-            jobs.append(("tp2/jit", "tp2", None, {"steps": a.steps, "warmup": a.warmup}))
+            for mode in a.tp2_modes:
+                jobs.append((f"tp2/{mode}", "tp2", None, {"steps": a.steps, "warmup": a.warmup, "mode": mode}))
         elif name.startswith("gen"):
             prompts = prompts_of(vocab, int(name[3:]))
             g = dict(base, prompts=prompts, new=NEW, runs=a.gen_runs)
@@ -219,7 +238,7 @@ def measure(jobs, a, repeats, torch_python, folder, scratch):
                 args["save"] = os.path.join(scratch, key.replace("/", "_") + ".npy")
             try:
                 if kind == "tp2":
-                    result = run_tp2(folder, args["steps"], args["warmup"], a.timeout)
+                    result = run_tp2(folder, args["steps"], args["warmup"], a.timeout, args["mode"])
                 elif kind == "torch":
                     if torch_python is None:
                         raise RuntimeError("no --peer-python (an interpreter with torch and transformers)")
@@ -340,23 +359,27 @@ def summarise(runs, folder_info, scratch):
         summary["train built"] = sorted({r["how"] for k in ("pynative", "jit") for r in ok_runs(runs, f"train/{k}")})
         summary["train first losses"] = {k: (ok_runs(runs, f"train/{k}") or [{}])[0].get("losses")
                                          for k in ("pynative", "jit", "torch")}
-    if "tp2/jit" in runs:
-        rs = ok_runs(runs, "tp2/jit")
+    for mode in ("jit", "pynative"):
+        key = f"tp2/{mode}"
+        if key not in runs:
+            continue
+        label = "PyNative" if mode == "pynative" else "jit"
+        rs = ok_runs(runs, key)
         if not rs:
-            reason = error_of(runs, "tp2/jit")
-            table.append(("train step tp2 jit (trainer)", f"not measured: {reason}", "", "", "", ""))
-            summary["train step tp2 jit (trainer)"] = {"not measured": reason}
-        else:
-            one = runs.get("train/jit", [])
-            ratio = stat([x["steady"] / y["steady"] for x, y in zip(runs["tp2/jit"], one)
-                          if "error" not in x and "error" not in y]) if one else None
-            add("train step tp2 jit s (trainer, rank 0)", field(runs, "tp2/jit", "steady"),
-                field(runs, "train/torch", "steady"), paired_ratio(runs, "tp2/jit", "train/torch", lambda r: r["steady"]),
-                spec="{:.3f}")
-            add("  tp2 / our one-process jit step", ratio, None)
-            add("  tp2 first step - steady s", field(runs, "tp2/jit", "compile"), None)
-            add("  tp2 peak RSS MB (max rank)", field(runs, "tp2/jit", "", lambda r: max(r["peak_rss"].values()) / 1e6),
-                None, spec="{:.0f}")
+            reason = error_of(runs, key)
+            table.append((f"train step tp2 {label} (trainer)", f"not measured: {reason}", "", "", "", ""))
+            summary[f"train step tp2 {label} (trainer)"] = {"not measured": reason}
+            continue
+        one = runs.get(f"train/{mode}", [])
+        ratio = stat([x["steady"] / y["steady"] for x, y in zip(runs[key], one)
+                      if "error" not in x and "error" not in y]) if one else None
+        add(f"train step tp2 {label} s (trainer, rank 0)", field(runs, key, "steady"),
+            field(runs, "train/torch", "steady"), paired_ratio(runs, key, "train/torch", lambda r: r["steady"]),
+            spec="{:.3f}")
+        add(f"  tp2 / our one-process {label} step", ratio, None)
+        add(f"  tp2 {label} first step - steady s", field(runs, key, "compile"), None)
+        add(f"  tp2 {label} peak RSS MB (max rank)", field(runs, key, "", lambda r: max(r["peak_rss"].values()) / 1e6),
+            None, spec="{:.0f}")
     for b in (1, 4):
         name = f"gen{b}"
         if f"{name}/ours" not in runs:
@@ -509,15 +532,20 @@ def main(argv=None):
     ap.add_argument("--matmul-passes", type=int, default=3, help="passes over the matmuls (the first warms up)")
     ap.add_argument("--threads", type=int, default=cores(), help="kernel threads, ours and torch's (default: cores)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
+    ap.add_argument("--tp2-modes", default="jit", help="modes of the tp2 row: jit, pynative or jit,pynative")
     ap.add_argument("--compile-sweep", action="store_true", help="compile seconds against depth instead")
     ap.add_argument("--sweep-layers", default="2,8,28")
     ap.add_argument("--json", default=None, help="write every repeat's numbers, medians and min-max here")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (a folder made here, logits)")
     a = ap.parse_args(argv)
     a.rows = [r.strip() for r in a.rows.split(",") if r.strip()]
     bad = [r for r in a.rows if r not in ROWS]
     if bad:
         ap.error(f"--rows: {', '.join(bad)} unknown; valid: {', '.join(ROWS)}")
     a.sweep_layers = [int(x) for x in a.sweep_layers.split(",")]
+    a.tp2_modes = [m.strip() for m in a.tp2_modes.split(",") if m.strip()]
+    if not a.tp2_modes or any(m not in ("jit", "pynative") for m in a.tp2_modes):
+        ap.error(f"--tp2-modes {','.join(a.tp2_modes)!r}: jit, pynative or both (comma-separated)")
     if a.repeats < 1 or a.steps < 2 + a.warmup or a.calls < 1 or a.gen_runs < 2 or a.matmul_passes < 1:
         ap.error("--repeats >= 1, --steps >= 2 + --warmup, --calls >= 1, --gen-runs >= 2, --matmul-passes >= 1")
     peer = torch_python(a.peer_python)
@@ -589,6 +617,10 @@ def main(argv=None):
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=str)
         print(f"wrote {a.json}")
+    if a.keep:
+        print(f"kept {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
