@@ -171,6 +171,7 @@ def run_tp2(folder, steps, warmup, timeout, mode="jit"):
         errors = [ln.strip() for ln in logs.splitlines()
                   if re.match(r"\s*(\w+Error|Exception)\b.*:", ln) or "problem(s) in" in ln]
         why = errors[-1][:240] if errors else f"{len(records)} of {steps} steps logged"
+        shutil.rmtree(out_dir, ignore_errors=True)     # the reason and the output's tail go into the JSON
         raise RuntimeError(f"tp2 {mode}: exit {proc.returncode}: {why}\n{output[-3000:]}")
     shutil.rmtree(out_dir, ignore_errors=True)     # the YAML, logs and loss.jsonl: read
     times = [r["step_time_s"] for r in records]
