@@ -71,33 +71,6 @@ def test_graphs_with_data_dependent_shapes_keep_mindspores_launch(monkeypatch, d
     assert float(fn(x).asnumpy()) == 4.0
 
 
-@pytest.mark.parametrize("preset", [None, "2"])
-def test_keep_loads_compiles_without_load_elimination_and_restores(monkeypatch, preset):
-    """keep_loads=True: MindSpore sees MS_DEV_SIDE_EFFECT_LOAD_ELIM=0 while a call compiles and runs (it reads the
-    variable at compile time), the environment is as before afterwards, a value the user set wins, and a graph
-    whose assign feeds its output gives the same numbers."""
-    import os
-    from mindformers_core.common import graphs
-    if preset is None:
-        monkeypatch.delenv(graphs.LOAD_ELIM_ENV, raising=False)
-    else:
-        monkeypatch.setenv(graphs.LOAD_ELIM_ENV, preset)
-    seen = graphs._with_loads_kept(lambda *a: os.environ.get(graphs.LOAD_ELIM_ENV))()
-    assert seen == ("0" if preset is None else preset)
-    assert os.environ.get(graphs.LOAD_ELIM_ENV) == preset
-    cache = ms.Parameter(Tensor(np.zeros((2,), np.float32)), name="cache", requires_grad=False)
-
-    def step(x):
-        full = cache + x
-        return ops.depend(full * 2, ops.assign(cache, full))
-
-    fn = compile_blocking(step, keep_loads=True)
-    np.testing.assert_array_equal(fn(Tensor(np.ones((2,), np.float32))).asnumpy(), [2.0, 2.0])
-    np.testing.assert_array_equal(fn(Tensor(np.ones((2,), np.float32))).asnumpy(), [4.0, 4.0])
-    np.testing.assert_array_equal(cache.asnumpy(), [2.0, 2.0])
-    assert os.environ.get(graphs.LOAD_ELIM_ENV) == preset
-
-
 def test_eager_default_reads_the_environment(monkeypatch):
     """eager_ops_in_calling_thread: MFC_PYNATIVE_SYNC=0 leaves MindSpore's setting alone, a bad value is named,
     and on CPU (unset or 1) eager ops run in the calling thread."""

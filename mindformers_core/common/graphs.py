@@ -24,13 +24,6 @@ per-microbatch graphs keep ``ms.jit`` in any case (pipeline/runtime.py): they ga
 ``MFC_JIT_BLOCKING=0`` (environment, read when a function is compiled) gives plain ``ms.jit`` (to
 measure the difference; the numbers are the same either way).
 
-``keep_loads=True`` compiles with MindSpore's side-effect load elimination off
-(``MS_DEV_SIDE_EFFECT_LOAD_ELIM=0``, read by MindSpore when it compiles): a graph whose ``ops.assign`` results
-feed later computation -- generation's KV caches, written by every layer and read by the next -- spent a time
-exponential in its depth linking control arrows in the backend (``GraphScheduler::LinkControlArrowByAutoMonad``;
-Qwen3 at hidden 256: 0.9 s at 8 layers, 13-15 s at 10, the 28-layer prefill never finished). With the loads kept
-the same graphs link in 0.04-0.07 s and give the same tokens. A value the user set in the environment wins.
-
 :func:`eager_ops_in_calling_thread` is the CPU default for PyNative outside the trainer (which has its own
 setting, ``training/cli.py`` ``pynative_sync_setting``): MindSpore's dispatch queue spins while it waits, and on
 two cores that took the kernels' time (Qwen3-0.6B's forward of 64 tokens: 3.7-4.8 s queued, 0.80-0.90 s in
@@ -42,14 +35,13 @@ import os
 from typing import Callable, Iterable
 
 BLOCKING_ENV = "MFC_JIT_BLOCKING"
-LOAD_ELIM_ENV = "MS_DEV_SIDE_EFFECT_LOAD_ELIM"
 PYNATIVE_SYNC_ENV = "MFC_PYNATIVE_SYNC"
 
 
 def eager_ops_in_calling_thread() -> bool:
     """On CPU, unless ``MFC_PYNATIVE_SYNC=0``: ``mindspore.set_context(pynative_synchronize=True)`` (module
     docstring); returns whether eager ops now run in the calling thread. Called by the library's entry points
-    that run a model eagerly (``from_pretrained``, ``Generator``); a no-op elsewhere."""
+    that run a model eagerly (``from_pretrained``); a no-op elsewhere."""
     import mindspore as ms
     text = os.environ.get(PYNATIVE_SYNC_ENV, "").strip()
     if text not in ("", "0", "1"):
@@ -60,21 +52,6 @@ def eager_ops_in_calling_thread() -> bool:
         return bool(ms.get_context("pynative_synchronize"))
     ms.set_context(pynative_synchronize=True)
     return True
-
-
-def _with_loads_kept(graph: Callable) -> Callable:
-    """``graph`` called with ``MS_DEV_SIDE_EFFECT_LOAD_ELIM=0`` in the environment (unless set already) while it
-    runs: MindSpore reads the variable when the call compiles (module docstring)."""
-    if os.environ.get(LOAD_ELIM_ENV) is not None:
-        return graph
-
-    def call(*args):
-        os.environ[LOAD_ELIM_ENV] = "0"
-        try:
-            return graph(*args)
-        finally:
-            os.environ.pop(LOAD_ELIM_ENV, None)
-    return call
 
 
 def blocking_launch_enabled(environ=None) -> bool:
@@ -95,22 +72,18 @@ def holds_dynamic_shapes(cells: Iterable) -> bool:
     return any(getattr(c, DYNAMIC_SHAPES_ATTR, False) for cell in cells for _, c in cell.cells_and_names())
 
 
-def compile_blocking(fn: Callable, cells: Iterable = (), keep_loads: bool = False, **jit_kwargs) -> Callable:
+def compile_blocking(fn: Callable, cells: Iterable = (), **jit_kwargs) -> Callable:
     """``ms.jit(fn, **jit_kwargs)`` launched in the calling thread (module docstring); same arguments,
     same outputs. ``cells``: the Cells ``fn`` runs; when one holds data-dependent shapes
-    (:func:`holds_dynamic_shapes`) this is plain ``ms.jit(fn)``, MindSpore's own launch. ``keep_loads``: compiled
-    without side-effect load elimination (for graphs whose assigns feed later layers, module docstring)."""
+    (:func:`holds_dynamic_shapes`) this is plain ``ms.jit(fn)``, MindSpore's own launch."""
     import mindspore as ms
     if not blocking_launch_enabled() or holds_dynamic_shapes(cells):
-        plain = ms.jit(fn, **jit_kwargs)
-        return _with_loads_kept(plain) if keep_loads else plain
+        return ms.jit(fn, **jit_kwargs)
 
     def with_none(*args):
         return fn(*args), None
 
     graph = ms.jit(with_none, **jit_kwargs)
-    if keep_loads:
-        graph = _with_loads_kept(graph)
 
     def call(*args):
         return graph(*args)[0]

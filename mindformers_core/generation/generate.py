@@ -233,7 +233,7 @@ class Generator:
         if not self.jit:
             return fn
         if name not in self._compiled:
-            self._compiled[name] = compile_blocking(fn, cells=[self.model], keep_loads=True)
+            self._compiled[name] = compile_blocking(fn, cells=[self.model])
         return self._compiled[name]
 
     def run_loop(self, tokens, positions, slot, valid, finished, steps, is_eos, pad, presence, noise):

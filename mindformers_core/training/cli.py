@@ -23,6 +23,7 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
+from ..common.graphs import PYNATIVE_SYNC_ENV
 from .arguments import FLAGS, GENERATION_FLAGS, LIST_FLAGS, NOT_APPLIED_FLAGS, PROG, PYNATIVE_FLAGS, parse, resolve_config_path
 
 
@@ -302,9 +303,6 @@ def cpu_threads(config, worker_num: int) -> Optional[CpuThreads]:
         return CpuThreads(value, source, applied=False)
     ms.device_context.cpu.op_tuning.threads_num(value)
     return CpuThreads(value, source, applied=True)
-
-
-PYNATIVE_SYNC_ENV = "MFC_PYNATIVE_SYNC"
 
 
 def pynative_sync_setting(config, environ=None) -> Tuple[bool, str]:
