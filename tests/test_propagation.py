@@ -158,3 +158,21 @@ def test_conflict_inside_a_construct_names_the_op():
 
     with pytest.raises(PlanError, match="add in <model>"):
         plan_sharding(Conflict(), None, ((8, 4), "float32"), mesh=MESH8)
+
+
+@pytest.mark.parametrize("dp, tp", [(2, 1), (2, 2)])
+def test_a_tied_embedding_weight_passed_to_the_output_layer_is_summed_once(dp, tp):
+    """The embedding table passed as an argument to the tied output layer: the lookup's gradient and the tied
+    matmul's both arrive partial over dp, so the parameter's grad_axes take dp and the boundary does not reduce
+    it first (else the planner refused: 'would mix partial and complete contributions'); at tp its vocab rows
+    give vocab-split logits (no conversion of the table)."""
+    from mindformers_core.transformer import GPTModel, TransformerConfig
+    config = TransformerConfig(num_layers=1, hidden_size=16, ffn_hidden_size=32, num_attention_heads=2,
+                               vocab_size=64, seq_length=8, tie_word_embeddings=True, data_parallel_size=dp,
+                               tensor_model_parallel_size=tp)
+    ids = ((4, 8), "int32")
+    plan = plan_sharding(GPTModel(config), config, ids, ids)
+    name = "embedding.word_embeddings.weight"
+    assert plan.grad_axes[name] == ("dp",)
+    assert tuple(plan.param_layouts[name].sharded_axes()) == (("tp",) if tp > 1 else ())
+    assert not [r for r in plan.redistributions if r.where.startswith("enter of output_layer tensor 1")]

@@ -16,13 +16,17 @@ from mindspore import nn, ops
 from ..distributed.comm import kernels as K
 from ..distributed.comm.autograd import AllReduceExtremum, Differentiable, Identity
 from ..distributed.comm.kernels import CommCell
+from .boundary import inner_attribute
 
 
 class VocabParallelLookup(CommCell):
     """Embedding lookup on this rank's vocabulary slice: ids outside it give zeros, so the output is
-    a partial sum over the vocab axes (reduced at the Cell's output boundary)."""
+    a partial sum over the vocab axes (reduced at the Cell's output boundary). The replaced Cell's
+    attributes stay reachable through it (``embedding.word_embeddings.weight``: the table a tied output
+    layer multiplies by, this rank's vocabulary rows)."""
 
     mfc_replaces_inner = True   # annotations.replaces_inner: reads inner's weight without calling inner
+    __getattr__ = inner_attribute
 
     def __init__(self, inner: nn.Cell, weight_attr: str, start: int, size: int):
         super().__init__()

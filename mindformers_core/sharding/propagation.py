@@ -19,7 +19,10 @@ Semantics (MindSpore's sharding propagation, applied to tensors rather than oper
   gradient (its target layout, partial where the consumer split) back to the source layout —
   Megatron's ``f``/``g`` pairs fall out of this rule. Parameters record the axes their gradients
   must still be summed over (``grad_axes``: dp for every replicated weight, tp for a
-  sequence-parallel norm weight, ...).
+  sequence-parallel norm weight, ...). A parameter passed to a Cell as an argument (the embedding
+  table a tied output layer multiplies by) is a weight too: its boundary leaves the gradient partial
+  over the axes the parameter is replicated on, and those join its ``grad_axes`` (summed once with
+  its other uses' contributions, e.g. the lookup's), instead of being reduced at the boundary.
 
 Pure Python: no process group is needed to plan.
 """
@@ -442,8 +445,8 @@ def _gradient_partials(graph: Graph, L: Dict[int, Layout], results: Dict[int, Ru
 
     for node in reversed(graph.nodes):
         if node.kind in ("enter", "exit"):
-            settle(node.outputs[0])
-            contribs.setdefault(node.inputs[0], []).append((set(), node.describe()))
+            kept = _kept_partials(graph, L, node, settle(node.outputs[0]))
+            contribs.setdefault(node.inputs[0], []).append((kept, node.describe()))
             continue
         res = results[node.index]
         out_axes: Set[str] = set()
@@ -462,6 +465,19 @@ def _gradient_partials(graph: Graph, L: Dict[int, Layout], results: Dict[int, Ru
     for tid in graph.params.values():
         settle(tid)
     return gp
+
+
+def _kept_partials(graph: Graph, L: Dict[int, Layout], node: Node, arriving: Set[str]) -> Set[str]:
+    """The axes over which a boundary's backward leaves the gradient partial (``arriving``: the axes it
+    arrives partial over). Only a parameter passed to a Cell as an argument keeps any: those it is
+    replicated on, on both sides (its gradient is then summed with its other contributions once, over its
+    ``grad_axes``, as a weight used in place is). Every other boundary reduces the gradient."""
+    src, dst = node.inputs[0], node.outputs[0]
+    if node.kind != "enter" or graph.tensors[src].kind != "param" or not is_float(graph.tensors[dst].dtype):
+        return set()
+    S, T = L[src], L[dst]
+    return {a for a in arriving
+            if a not in T.sharded_axes() and a not in S.sharded_axes() and T.axis_size(a) > 1}
 
 
 def _hoist(graph: Graph, L: Dict[int, Layout], declared: Set[int], gp: Dict[int, Set[str]]) -> Set[int]:
@@ -513,17 +529,20 @@ def _boundary_plans(graph: Graph, L: Dict[int, Layout], declared: Set[int],
         grads = is_float(graph.tensors[dst].dtype)
         P = tuple(sorted(a for a in gp.get(dst, set())
                          if a not in T.sharded_axes() and T.axis_size(a) > 1)) if grads else ()
+        kept = sorted(_kept_partials(graph, L, node, set(P))) if grads else []   # summed later (grad_axes)
+        reduced = [a for a in P if a not in kept]
         avg = [a for a, op in S.partial.items() if op == "avg" and T.partial.get(a) != "avg"]
-        if S == T and not P and not avg:
+        if S == T and not reduced and not avg:
             continue
         fwd = plan_redistribution(S, T, shape, size)
-        if not fwd.steps and not P and all(S.axis_size(a) == 1 for a in avg):
+        if not fwd.steps and not reduced and all(S.axis_size(a) == 1 for a in avg):
             continue
         bwd = None
         scale = 1.0
         if grads:
             t_grad = T.without_partial().with_partial(list(P), "sum") if P else T.without_partial()
-            bwd = plan_redistribution(t_grad, S.without_partial(), shape, size)
+            s_grad = S.without_partial().with_partial(kept, "sum") if kept else S.without_partial()
+            bwd = plan_redistribution(t_grad, s_grad, shape, size)
             for a in avg:
                 scale /= S.axis_size(a)
         where = f"{node.kind} of {node.scope or '<model>'} tensor {node.arg}"
