@@ -258,11 +258,15 @@ def ms_compile(a):
         cfg["seq_length"] = min(int(cfg.get("seq_length") or positions), int(positions))
 
     def build(extra):
+        # zero weights, no random draws (deferred_init, never materialized): a compile does not depend on the
+        # values, and drawing 600M normals took longer than the compiles measured here
+        from mindformers_core.transformer.init import deferred_init
         ms.set_seed(0)
         model_cfg = spec.config_class.from_model_config(dict(cfg, **extra))
         if positions and getattr(model_cfg, "max_position_embeddings", 0) is None:
             model_cfg.max_position_embeddings = int(positions)
-        return spec.model_class(model_cfg)
+        with deferred_init():
+            return spec.model_class(model_cfg)
 
     t0 = time.perf_counter()
     model = build({})
