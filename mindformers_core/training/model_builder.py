@@ -5,12 +5,18 @@ recompute/swap applied by Cell name.
 Plans see global shapes: the sample inputs are one global microbatch. With a pipeline, each stage
 chunk's parameters are renamed to their global layer numbers, so names are unique on a rank and a
 checkpoint holds one entry per parameter of the whole model.
+
+When a Hugging Face folder's weights are loaded right after the build (``hf_folder``: ``load_checkpoint`` is
+one), the weights it holds are not drawn (``transformer.init.deferred_init``): the model is built with them
+as zeros, and before it is sharded every other random parameter (LoRA's A, MTP layers the folder lacks) gets
+exactly the draw it would have had.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, replace
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -20,6 +26,7 @@ from ..sharding.annotations import sharding_plan_of
 from ..sharding.expert_parallel import expert_mesh
 from ..sharding.layout import Layout
 from ..sharding.parallelizer import parallelize
+from ..transformer.init import deferred_init
 from ..common.sequence_placement import normalize_algorithm
 from .config import Config, ConfigError
 from .moe_log import moe_monitor
@@ -50,11 +57,14 @@ class BuiltModel:
 
 
 def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, output_dir: str,
-                log=print) -> BuiltModel:
+                log=print, hf_folder: Optional[str] = None) -> BuiltModel:
+    """``hf_folder``: a Hugging Face folder the caller loads into the model right after (every parameter it
+    holds): those are built as zeros, not drawn (the others are drawn as without it)."""
     spec = get_model_spec(cfg.model.arch.type)
     mcfg = model_config_for(spec, cfg, shape)
+    held = hf_held(spec, hf_folder)
     if shape.predicting:
-        return predict_model(spec, cfg, shape, mcfg, topo, log)
+        return predict_model(spec, cfg, shape, mcfg, topo, log, held)
     ep = mcfg.expert_model_parallel_size
     if ep > 1:   # experts over ep, carved out of dp: "dp" names ("edp", "ep") (docs/moe.md)
         mesh = expert_mesh(shape.dp, shape.cp, shape.tp, ep, topo.stage_ranks)
@@ -68,22 +78,26 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     for s in topo.stages:
         ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
         if shape.pp == 1:
-            chunk = spec.model_class(mcfg)
-            _apply_lora(lora, chunk, mcfg, topo.rank, log)
+            with _deferred_if(held) as deferred:
+                chunk = spec.model_class(mcfg)
+            _apply_lora(lora, chunk, mcfg, topo.rank, log)      # (its adapters are drawn at once, as always)
+            _draw_not_held(deferred, chunk, held)               # before sharding: the draws are of full shapes
             parallelize(chunk, mcfg, *batch_samples(cfg, ids), mesh=mesh, rank=topo.rank)
         else:
             # DualPipe: stage index s runs model stage s % pp (its down copy for s < pp, else its up
             # copy), built like any stage: both copies of a model stage have the same parameter names
             k = topo.model_stage(s)
-            chunk = spec.model_class(mcfg, pp_rank=k % shape.pp, vp_stage=k // shape.pp if shape.vpp > 1 else None,
-                                     layers_per_stage=counts)
+            with _deferred_if(held) as deferred:
+                chunk = spec.model_class(mcfg, pp_rank=k % shape.pp,
+                                         vp_stage=k // shape.pp if shape.vpp > 1 else None, layers_per_stage=counts)
             _apply_lora(lora, chunk, mcfg, topo.rank, log)
+            numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
+            _draw_not_held(deferred, chunk, held, numbers)
             _parallelize_stage(chunk, mcfg, k, topo, mesh, ids, side=len(batch_samples(cfg, ids)) > 2)
             if getattr(chunk, "embedding_copy", False):   # MTP on the last stage: saved once, by the first stage
                 tied_copies += list(chunk.embedding.get_parameters())
-            numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
-                p.name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", p.name)
+                p.name = global_param_name(p.name, numbers)
         _apply_recompute(cfg, chunk, topo.rank, log)
         chunks.append(chunk)
     if tied_copies and shape.pp > 1 and topo.model_stage(topo.stages[0]) == 0:
@@ -94,6 +108,50 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     copies += tuple(p for p in tied_copies if all(p is not q for q in copies))
     tied = ("embedding.word_embeddings.weight",) if shape.pp > 1 and mcfg.mtp_depths else ()
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg), tied)
+
+
+def global_param_name(name: str, numbers: Optional[Sequence[int]]) -> str:
+    """A pipeline stage's parameter name with its local layer number made global (``numbers``: the stage
+    decoder's ``layer_numbers``, 1-based; None: the whole model, unchanged)."""
+    if numbers is None:
+        return name
+    return _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{numbers[int(m.group(1))] - 1}.", name)
+
+
+def hf_held(spec, folder: Optional[str]):
+    """``(the family's state-dict adapter, the folder's tensor names)`` for a build whose weights a Hugging Face
+    folder overwrites, or None (no folder, or a family without a Hugging Face table: everything is drawn)."""
+    if not folder or spec.state_dict_adapter is None:
+        return None
+    from ..models.hf.folder import FolderError, open_folder
+    try:
+        return spec.state_dict_adapter, frozenset(open_folder(folder).tensors)
+    except FolderError:             # the load names the problem; until then, draw
+        return None
+
+
+def _deferred_if(held):
+    """``deferred_init()`` when the folder's weights follow, else a context yielding None (draw as usual)."""
+    return deferred_init() if held is not None else contextlib.nullcontext()
+
+
+def _draw_not_held(deferred, chunk, held, numbers: Optional[Sequence[int]] = None) -> None:
+    """Draw every deferred parameter of ``chunk`` the folder's load will not fill: the ones the trainer's
+    checkpointer loads (trainable, or LoRA's frozen base weights) and whose global name the folder holds
+    (``from_pretrained``'s test) are left as zeros; the rest (e.g. MTP layers absent from the folder) get
+    exactly the draw they would have had (same key and std; ``ms.set_seed`` is that of the build)."""
+    if deferred is None:
+        return
+    from ..peft.lora import FROZEN_ATTR
+    adapter, tensors = held
+
+    def in_folder(p) -> bool:
+        try:
+            return set(adapter.hf_names(global_param_name(p.name, numbers), tuple(p.shape))) <= tensors
+        except KeyError:            # no row of the family's table (LoRA's adapters): not in any folder
+            return False
+    deferred.materialize(loaded=[p for p in chunk.get_parameters()
+                                 if (p.requires_grad or getattr(p, FROZEN_ATTR, False)) and in_folder(p)])
 
 
 def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> list:
@@ -116,15 +174,18 @@ def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> 
     return []
 
 
-def predict_model(spec, cfg: Config, shape: JobShape, mcfg, topo: Topology, log=print) -> BuiltModel:
+def predict_model(spec, cfg: Config, shape: JobShape, mcfg, topo: Topology, log=print, held=None) -> BuiltModel:
     """``run_mode: predict``: the whole model on every rank, not sharded for training shapes: the generator
     shards its step (model and KV caches) for the prompts' shapes (tensor parallel, ``Generator(
     parallel_config=model_config)``) after the checkpoint loads the full weights. ``model_config`` keeps the
-    job's sizes (sequence parallel off: a training memory split, no change to the tokens)."""
+    job's sizes (sequence parallel off: a training memory split, no change to the tokens). ``held``
+    (``hf_held``): the folder whose weights are loaded after, not drawn."""
     ms.set_seed(int(cfg.seed))
     one = replace(mcfg, data_parallel_size=1, tensor_model_parallel_size=1, sequence_parallel=False)
-    model = spec.model_class(one)
+    with _deferred_if(held) as deferred:
+        model = spec.model_class(one)
     _apply_lora(lora_settings(cfg, shape), model, one, topo.rank, log)
+    _draw_not_held(deferred, model, held)
     return BuiltModel(replace(mcfg, sequence_parallel=False), [model], list(model.trainable_params()),
                       sharding_plan_of(model))
 

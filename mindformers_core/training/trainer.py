@@ -69,6 +69,7 @@ class Trainer:
         self.tokenizer_file = self.found.tokenizer_file
         self.start_step = 0
         self._ready = False
+        self._loaded_in_setup = False    # setup() loaded the Hugging Face folder whose weights it did not draw
 
     def log(self, text: str) -> None:
         """Print on rank 0 only."""
@@ -126,10 +127,22 @@ class Trainer:
                                              data=self.data, state_params=state_params_of(self.built.chunks),
                                              copies=self.built.copies, **lora_checkpoint_args(cfg, self.built.chunks),
                                              **common)
+        folder = self._hf_folder()
+        if folder is not None:      # the weights the build left as zeros: filled before anything can use them
+            self.checkpointer.load("hf", False, step=folder)
+            self._loaded_in_setup = True
         self._ready = True
 
+    def _hf_folder(self) -> Optional[str]:
+        """The Hugging Face folder the run loads its weights from (``load_checkpoint``, not resumed), or None."""
+        src = self.found.checkpoint_source
+        return src[1] if src is not None and src[0] == "hf" and not src[2] else None
+
     def _build_model(self, micro_batch: int) -> None:
-        self.built = build_model(self.cfg, self.shape, self.topology, micro_batch, self.output_dir, self.log)
+        # weights a Hugging Face folder overwrites are not drawn (20-40 s at Qwen3-0.6B's size): setup() loads
+        # the folder right after (model_builder.build_model's ``hf_folder``)
+        self.built = build_model(self.cfg, self.shape, self.topology, micro_batch, self.output_dir, self.log,
+                                 hf_folder=self._hf_folder())
         self.model_config, self.model, self.params = self.built.model_config, self.built.model, self.built.params
 
     # ------------------------------------------------------------------ checkpoints
@@ -161,6 +174,9 @@ class Trainer:
         """Load what the config asks for (load_checkpoint / resume_training); returns the start step."""
         src = self.found.checkpoint_source
         if src is None:
+            return 0
+        if self._loaded_in_setup:      # the Hugging Face folder setup() loaded already (weights only: step 0)
+            self._loaded_in_setup = False
             return 0
         root, step, resume = src
         return self.load(root, resume, step=step)
