@@ -200,7 +200,7 @@ def plan(a, folder, vocab):
                 jobs.append((f"{name}/{mode}", "ms", "ms_forward", dict(base, length=n, mode=mode, calls=a.calls)))
             jobs.append((f"{name}/torch", "torch", "torch_forward", dict(base, length=n, calls=a.calls)))
         elif name == "train":
-            for mode in ("pynative", "jit"):
+            for mode in a.train_modes:
                 jobs.append((f"train/{mode}", "ms", "ms_train", dict(base, length=TRAIN_SEQ, mode=mode,
                                                                      steps=a.steps, warmup=a.warmup)))
             jobs.append(("train/torch", "torch", "torch_train", dict(base, length=TRAIN_SEQ, steps=a.steps,
@@ -534,6 +534,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=cores(), help="kernel threads, ours and torch's (default: cores)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
     ap.add_argument("--tp2-modes", default="jit", help="modes of the tp2 row: jit, pynative or jit,pynative")
+    ap.add_argument("--train-modes", default="pynative,jit",
+                    help="modes of our train row (at 28 layers the jit step needs more than this machine's 24 GB: "
+                         "docs/performance.md)")
     ap.add_argument("--compile-sweep", action="store_true", help="compile seconds against depth instead")
     ap.add_argument("--sweep-layers", default="2,8,28")
     ap.add_argument("--json", default=None, help="write every repeat's numbers, medians and min-max here")
@@ -545,6 +548,9 @@ def main(argv=None):
         ap.error(f"--rows: {', '.join(bad)} unknown; valid: {', '.join(ROWS)}")
     a.sweep_layers = [int(x) for x in a.sweep_layers.split(",")]
     a.tp2_modes = [m.strip() for m in a.tp2_modes.split(",") if m.strip()]
+    a.train_modes = [m.strip() for m in a.train_modes.split(",") if m.strip()]
+    if not a.train_modes or any(m not in ("jit", "pynative") for m in a.train_modes):
+        ap.error(f"--train-modes {','.join(a.train_modes)!r}: jit, pynative or both (comma-separated)")
     if not a.tp2_modes or any(m not in ("jit", "pynative") for m in a.tp2_modes):
         ap.error(f"--tp2-modes {','.join(a.tp2_modes)!r}: jit, pynative or both (comma-separated)")
     if a.repeats < 1 or a.steps < 2 + a.warmup or a.calls < 1 or a.gen_runs < 2 or a.matmul_passes < 1:
