@@ -142,16 +142,12 @@ def _draw_not_held(deferred, chunk, held, numbers: Optional[Sequence[int]] = Non
     exactly the draw they would have had (same key and std; ``ms.set_seed`` is that of the build)."""
     if deferred is None:
         return
+    from ..models.hf.loader import folder_holds
     from ..peft.lora import FROZEN_ATTR
     adapter, tensors = held
-
-    def in_folder(p) -> bool:
-        try:
-            return set(adapter.hf_names(global_param_name(p.name, numbers), tuple(p.shape))) <= tensors
-        except KeyError:            # no row of the family's table (LoRA's adapters): not in any folder
-            return False
     deferred.materialize(loaded=[p for p in chunk.get_parameters()
-                                 if (p.requires_grad or getattr(p, FROZEN_ATTR, False)) and in_folder(p)])
+                                 if (p.requires_grad or getattr(p, FROZEN_ATTR, False))
+                                 and folder_holds(adapter, global_param_name(p.name, numbers), p.shape, tensors)])
 
 
 def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> list:

@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, nn, ops
 
 from .attention import attention_context, attention_probs, repeat_kv
 from .config import TransformerConfig
-from .rotary import _Rotary, rotary_tables, rotate
+from .rotary import _Rotary, rotate, shared_rotary_tables
 
 MASK_VALUE = -1.0e9
 
@@ -147,9 +147,10 @@ class CacheStep(nn.Cell):
         super().__init__()
         positions = max(int(max_length), config.max_positions)
         rotation = _Rotary(config)
-        cos, sin = rotary_tables(positions, rotation.head_dim, rotation.rotary_dim, config.rotary_base,
-                                 scaling=rotation.scaling)
-        self.cos, self.sin = Tensor(cos), Tensor(sin)
+        # the model's own max_positions tables when the generation stays within them (one copy: rotary.py)
+        cos, sin = shared_rotary_tables(positions, rotation.head_dim, rotation.rotary_dim, config.rotary_base,
+                                        rotation.scaling)
+        self.cos, self.sin = cos, sin
         self.dtype = config.ms_compute_dtype
 
     def sharding_attrs(self) -> dict:

@@ -86,6 +86,15 @@ def unused_tensors(folder: HFFolder, adapter: StateDictAdapter, names: Sequence[
 DType = Union[None, str, np.dtype, type, Mapping[str, object]]
 
 
+def folder_holds(adapter: StateDictAdapter, name: str, shape: Sequence[int], tensors) -> bool:
+    """Whether a folder with these tensor names (``tensors``, a set) holds every Hugging Face tensor our parameter
+    ``name`` of ``shape`` reads (False for a parameter no row of the family's table names, e.g. LoRA's)."""
+    try:
+        return set(adapter.hf_names(name, tuple(shape))) <= tensors
+    except KeyError:
+        return False
+
+
 class HFWeights(Mapping):
     """This rank's region of every target (``{name: (global_shape, layout)}`` or ``{name: global_shape}``),
     read from the folder only when asked for: ``weights[name]`` reads and returns one array,

@@ -8,7 +8,7 @@ from ...common.graphs import eager_ops_in_calling_thread
 from ...transformer.init import deferred_init
 from .config import read_hf_config
 from .folder import open_folder
-from .loader import HFWeights, fill_parameter
+from .loader import HFWeights, fill_parameter, folder_holds
 
 
 def from_pretrained(folder: str, **model_config: Any):
@@ -33,7 +33,7 @@ def from_pretrained(folder: str, **model_config: Any):
         model = spec.model_class(model_cfg)
     weights = list(model.trainable_params())
     for p in model.get_parameters():           # state the folder holds too (DeepSeek-V3's expert bias)
-        if not p.requires_grad and _held(adapter, p, held):
+        if not p.requires_grad and folder_holds(adapter, p.name, p.shape, held):
             weights.append(p)
     # checked first (every missing or misshaped tensor named), then read one tensor at a time straight into
     # each parameter's memory, converted to its dtype on the way
@@ -43,9 +43,3 @@ def from_pretrained(folder: str, **model_config: Any):
     deferred.materialize(loaded=weights)       # anything the folder did not give: its usual random draw
     return model
 
-
-def _held(adapter, p, held) -> bool:
-    try:
-        return set(adapter.hf_names(p.name, tuple(p.shape))) <= held
-    except KeyError:
-        return False
