@@ -22,7 +22,7 @@ from ..checkpoint import (AsyncSaver, CheckpointError, checkpoint_specs, list_st
                           load_optimizer_state, load_training_state, newest_intact_step, remove_leftovers, resolve_step,
                           save_checkpoint, shard_single_file, verify_step)
 from ..checkpoint.format import TRACKER, read_tracker
-from ..models.hf.loader import fill_parameter
+from ..models.hf.loader import HFWeights, fill_parameter
 from ..models.mtp_names import OURS as MTP_NAME
 from ..sharding.annotations import global_shape_of, layout_of
 from .config import ConfigError
@@ -91,6 +91,21 @@ def _saved_names(root: str, step, adapter=None) -> set:
         from ..checkpoint.index import index_single_file
         return set(index_single_file(step).entries)
     return set(checkpoint_specs(root, step))
+
+
+def _set_all(params, values) -> None:
+    """Every parameter from a loaded mapping. ``set_data`` (``set_parameter``): ops.assign checks a sliced
+    Parameter against its full shape once communication is initialised. A Hugging Face folder's
+    ``HFWeights`` is read now, straight into each parameter's memory, and its files closed after."""
+    try:
+        for p in params:
+            if isinstance(values, HFWeights):
+                fill_parameter(values, p)
+            else:
+                set_parameter(p, values[p.name])
+    finally:
+        if isinstance(values, HFWeights):
+            values.close()
 
 
 class Checkpointer:
@@ -224,13 +239,7 @@ class Checkpointer:
             else:
                 values = load_checkpoint(root, targets, self.rank, step=step, strict=False)
             with self.full_weights():
-                for p in params + frozen + state:   # set_data: ops.assign checks a sliced Parameter against its
-                    if root == "hf":                # full shape once communication is initialised
-                        fill_parameter(values, p)   # read now, straight into the parameter's memory
-                    else:
-                        set_parameter(p, values[p.name])
-            if root == "hf":
-                values.close()
+                _set_all(params + frozen + state, values)
             if len(frozen) < len(self.frozen):
                 have = {id(p) for p in frozen}
                 self._load_base([p for p in self.frozen if id(p) not in have])
@@ -303,13 +312,7 @@ class Checkpointer:
             raise ConfigError([f"LoRA base weights from {self.base_source!r}: no {absent[0]}" +
                                (f" (nor {len(absent) - 1} more)" if len(absent) > 1 else "")])
         with self.full_weights():
-            for p in missing:
-                if root == "hf":
-                    fill_parameter(values, p)
-                else:
-                    set_parameter(p, values[p.name])
-        if root == "hf":
-            values.close()
+            _set_all(missing, values)
         if self.rank == 0:
             self.log(f"LoRA: {len(missing)} frozen base weights loaded from {self.base_source}")
 
