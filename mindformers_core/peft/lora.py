@@ -8,7 +8,7 @@ base's split (no communication code here: the sharding pass inserts it):
   base's output ``("None", "tp")``: every rank computes its columns of the delta, nothing extra is sent;
 * row-parallel base (weight split over the input, ``("tp", "None")``): A split like the base's input
   ``("tp", "None")`` and its (b, s, r) output reduced over tp (r numbers per token, instead of the hidden
-  size), B replicated.
+  size) into the base's output layout (sequence parallel: reduce-scattered over the sequence), B replicated.
 
 Routed experts (``LoRAExperts``, one ``moe_experts`` op): each adapted expert weight ``W`` (E, in, out) gets
 ``A`` (E, in, r) and ``B`` (E, r, out), split over the expert dim like ``W`` (ep), and the experts compute with
@@ -29,7 +29,7 @@ from typing import List, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from ..transformer.linear import ColumnParallelLinear, RowParallelLinear, _Linear
+from ..transformer.linear import ColumnParallelLinear, RowParallelLinear, _Linear, sequence_parallel_layout
 from ..transformer.init import normal_array
 from ..transformer.moe import RoutedExperts
 from .config import LoraConfigError, LoraSettings, matches
@@ -55,8 +55,10 @@ class _AdapterLinear(_Linear):
             return None, None, {"weight": L("None", "None")}
         if self.split == "b_col":
             return None, None, {"weight": L("None", "tp")}
-        if self.split == "a_row":     # the partial (b, s, r) product reduced over tp at the output
-            return L("dp", "cp", "tp"), L("dp", "cp", "None"), {"weight": L("tp", "None")}
+        if self.split == "a_row":     # the partial (b, s, r) product reduced over tp at the output, into the
+            # layout of the base's output (sequence parallel: reduce-scattered over the sequence, so that B's
+            # delta arrives split like the base's output it is added to)
+            return L("dp", "cp", "tp"), sequence_parallel_layout(config), {"weight": L("tp", "None")}
         return None, None, {"weight": L("None", "None")}
 
 

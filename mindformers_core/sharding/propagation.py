@@ -295,9 +295,9 @@ def propagate(graph: Graph, mesh: Layout, declarations: Dict[int, Declaration],
                 adjustable[dst] = node.index
             continue
         shapes = [graph.shape(t) for t in node.inputs]
-        res = _choose(graph, node, [L.get(t) for t in node.inputs], shapes,
-                      [t in adjustable and t not in used and t not in declared for t in node.inputs],
-                      replicated)
+        free = [t in adjustable and t not in used and t not in declared for t in node.inputs]
+        res = _choose(graph, node, [L.get(t) for t in node.inputs], shapes, free, replicated,
+                      [_sibling_layouts(graph, L, t) if f else () for t, f in zip(node.inputs, free)])
         for i, t in enumerate(node.inputs):
             want, have = res.inputs[i], L.get(t)
             if have is None:
@@ -338,13 +338,56 @@ def propagate(graph: Graph, mesh: Layout, declarations: Dict[int, Declaration],
         if layout is None:
             L[tid] = replicated(tid)   # unused parameters / constants
     grad_axes_by_tid = _gradient_partials(graph, L, results)
-    deferred = _hoist(graph, L, declared, grad_axes_by_tid)
-    redistributions = _boundary_plans(graph, L, declared, grad_axes_by_tid, deferred)
+    widened: Dict[int, Set[str]] = {}
+    deferred = _hoist(graph, L, declared, grad_axes_by_tid, widened)
+    _check_shape_reads(graph, L, results)
+    redistributions = _boundary_plans(graph, L, declared, grad_axes_by_tid, deferred, widened)
     params = {name: L[tid] for name, tid in graph.params.items()}
     grad_axes = {name: tuple(sorted(a for a in grad_axes_by_tid.get(tid, ()) if mesh.axis_size(a) > 1))
                  for name, tid in graph.params.items()}
     consts = {tid: L[tid] for tid in graph.consts}
     return ShardingPlan(graph, mesh, L, declared, results, redistributions, params, grad_axes, consts)
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def _check_shape_reads(graph: Graph, L: Dict[int, Layout], results: Dict[int, RuleResult]) -> None:
+    """The parallelized code reads local shapes: a reshape whose target it took from another tensor's shape
+    (``s = x.shape[1]`` ... ``q.reshape(b, s, -1, d)``, ``Graph.reshape_reads``) computes its local target
+    from that tensor's local shape. Each such target must be the reshape's planned local shape, else the
+    code would silently build another shape (or fail far away): a PlanError naming both tensors."""
+    for index, (template, reads) in graph.reshape_reads.items():
+        node = graph.nodes[index]
+        res = results.get(index)
+        if res is None:
+            continue
+        src, dst = node.inputs[0], node.outputs[0]
+        planned = res.outputs[0].local_shape(graph.shape(dst))
+        local_in = res.inputs[0].local_shape(graph.shape(src))
+        code = [L[reads[i][0]].local_shape(graph.shape(reads[i][0]))[reads[i][1]] if i in reads else d
+                for i, d in enumerate(template)]
+        if -1 in code:          # the code's -1 takes what the local input leaves
+            rest = _prod(d for d in code if d != -1)
+            n = _prod(local_in)
+            code[code.index(-1)] = n // rest if rest and n % rest == 0 else -1
+        if tuple(code) == tuple(planned):
+            continue
+        i = next(i for i, (a, b) in enumerate(zip(code, planned)) if a != b)
+        read = reads.get(i) or next(iter(reads.values()))
+        tid, dim = read
+        raise PlanError(
+            f"{node.describe()}: the code reshapes a tensor of global shape {graph.shape(src)} to "
+            f"{graph.shape(dst)} with entries read from the shape of tensor {graph.tensors[tid].name or tid} "
+            f"(global {graph.shape(tid)}, dim {dim}); this plan gives that tensor the layout "
+            f"{L[tid].describe()} (local {L[tid].local_shape(graph.shape(tid))}) and the reshape's output the "
+            f"layout {res.outputs[0].describe()} (local {planned}), so the code's local target would be "
+            f"{tuple(code)}. Split both alike: declare the layout of the tensor read in the shard() of the Cell "
+            f"that reads it, or take the size from the tensor being reshaped")
 
 
 def strip_unit_axes(layout: Optional[Layout]) -> Optional[Layout]:
@@ -364,12 +407,35 @@ def _strip_result(res: RuleResult) -> RuleResult:
     return res
 
 
+def _sibling_layouts(graph: Graph, L: Dict[int, Optional[Layout]], tid: int) -> Tuple[Layout, ...]:
+    """The layouts other boundaries already converted the source of boundary output ``tid`` to (other
+    than the source's own): the conversions its sibling consumers pay. E.g. the sequence all-gather a
+    wrapped linear's base pays for the input that the wrapper's other sub-Cell (LoRA's A) reads too."""
+    node = graph.producer.get(tid)
+    if node is None or graph.nodes[node].kind not in ("enter", "exit"):
+        return ()
+    src = graph.nodes[node].inputs[0]
+    out = []
+    for c in graph.consumers.get(src, ()):
+        other = graph.nodes[c]
+        if other.kind in ("enter", "exit") and other.outputs[0] != tid:
+            layout = L.get(other.outputs[0])
+            if layout is not None and layout != L.get(src) and layout not in out:
+                out.append(layout)
+    return tuple(out)
+
+
 def _choose(graph: Graph, node: Node, given: List[Optional[Layout]], shapes, adjustable: List[bool],
-            replicated) -> RuleResult:
+            replicated, shared: Sequence[Sequence[Layout]] = ()) -> RuleResult:
     """Apply the node's rule, letting inputs that arrive through a still-adjustable Cell boundary
     change layout: candidates are the layouts as given, the adjustable ones without the mesh axes
-    the fixed inputs use, and the adjustable ones left to the rule. The feasible candidate (fixed
-    inputs unchanged) with the fewest conversion bytes wins."""
+    the fixed inputs use, the adjustable ones left to the rule, and each adjustable one as a sibling
+    boundary already converted the same source (``shared``, per input). The feasible candidate (fixed
+    inputs unchanged) with the fewest conversion bytes wins; a conversion a sibling already pays costs
+    nothing (the hoist runs it once for both), and among equal costs the candidate agreeing with the
+    siblings wins: siblings that see one layout share one conversion, and the code reading their source's
+    shape sees the layout its consumers use."""
+    shared = list(shared) + [()] * (len(given) - len(shared))
     if all(g is None for g in given):
         given = [replicated(t) if graph.tensors[t].kind in ("param", "const") else None for t in node.inputs]
         if all(g is None for g in given):
@@ -387,6 +453,9 @@ def _choose(graph: Graph, node: Node, given: List[Optional[Layout]], shapes, adj
                 g = make_layout(g, dims)
             stripped.append(g)
         candidates += [stripped, [None if adj else g for g, adj in zip(given, adjustable)]]
+        for i, layouts in enumerate(shared):
+            for layout in layouts:
+                candidates.append([layout if j == i else g for j, g in enumerate(given)])
     best, best_cost, first_error = None, None, None
     for cand in candidates:
         try:
@@ -394,11 +463,13 @@ def _choose(graph: Graph, node: Node, given: List[Optional[Layout]], shapes, adj
         except (ValueError, LookupError) as e:
             first_error = first_error or e
             continue
-        cost = 0
+        cost = disagree = 0
         feasible = True
         for i, t in enumerate(node.inputs):
             have, want = given[i], res.inputs[i]
-            if have is None or have == want:
+            if shared[i] and want not in shared[i]:
+                disagree += 1
+            if have is None or have == want or want in shared[i]:
                 continue
             if not adjustable[i]:
                 feasible = False
@@ -406,7 +477,7 @@ def _choose(graph: Graph, node: Node, given: List[Optional[Layout]], shapes, adj
             cost += plan_redistribution(have, want, shapes[i], itemsize(graph.tensors[t].dtype)).bytes_per_rank
         if not feasible and best is not None:
             continue
-        key = (not feasible, cost)
+        key = (not feasible, cost, disagree)
         if best is None or key < best_cost:
             best, best_cost = res, key
     if best is None:
@@ -480,12 +551,21 @@ def _kept_partials(graph: Graph, L: Dict[int, Layout], node: Node, arriving: Set
             if a not in T.sharded_axes() and a not in S.sharded_axes() and T.axis_size(a) > 1}
 
 
-def _hoist(graph: Graph, L: Dict[int, Layout], declared: Set[int], gp: Dict[int, Set[str]]) -> Set[int]:
+def _hoist(graph: Graph, L: Dict[int, Layout], declared: Set[int], gp: Dict[int, Set[str]],
+           widened: Optional[Dict[int, Set[str]]] = None) -> Set[int]:
     """Move a conversion that every consumer of a boundary's output repeats (e.g. the q, k and v
     linears each gathering the sequence and all-reducing their input gradient) up to that
     boundary, so it runs once — Megatron's single conversion before a fused QKV. Returns the
-    consumer boundaries that became pass-through."""
+    consumer boundaries that became pass-through.
+
+    The consumers must want one forward layout; their gradients may be partial over different axes
+    (a linear whose weight splits its output gives a partial input gradient, a replicated one a complete
+    gradient: LoRA's A beside the column-parallel base it adapts). The hoisted backward then takes the
+    union of those axes, and a consumer whose gradient is complete over some of them marks it partial
+    there (one rank keeps it, the others give zeros: no communication), recorded in ``widened`` (consumer
+    boundary node -> the axes), so that the one reduction sums every contribution once."""
     deferred: Set[int] = set()
+    widened = {} if widened is None else widened
     changed = True
     while changed:
         changed = False
@@ -497,27 +577,37 @@ def _hoist(graph: Graph, L: Dict[int, Layout], declared: Set[int], gp: Dict[int,
             if t in declared or not users or any(u.kind not in ("enter", "exit") or u.index in deferred
                                                  for u in users):
                 continue
-            wants = set()
+            targets, partials = set(), {}
             for u in users:
                 dst = u.outputs[0]
                 T = L[dst]
-                P = frozenset(a for a in gp.get(dst, set()) if a not in T.sharded_axes() and T.axis_size(a) > 1) \
+                partials[u.index] = frozenset(a for a in gp.get(dst, set()) if a not in T.sharded_axes()
+                                              and T.axis_size(a) > 1) \
                     if is_float(graph.tensors[dst].dtype) else frozenset()
-                wants.add((T, P))
-            if len(wants) != 1:
+                targets.add(T)
+            if len(targets) != 1:
                 continue
-            T, P = wants.pop()
-            if T.partial or (T == L[t] and not P):
+            T = targets.pop()
+            P = frozenset().union(*partials.values())
+            if T.partial or (T == L[t] and not P) or (P and not is_float(graph.tensors[t].dtype)):
                 continue
             L[t] = T
             gp[t] = set(P)
-            deferred |= {u.index for u in users}
+            for u in users:
+                if partials[u.index] == P:
+                    deferred.add(u.index)
+                else:      # its backward marks its gradient partial over the rest of P
+                    widened[u.index] = set(P - partials[u.index])
             changed = True
     return deferred
 
 
 def _boundary_plans(graph: Graph, L: Dict[int, Layout], declared: Set[int],
-                    gp: Dict[int, Set[str]], deferred: Set[int] = frozenset()) -> List[Redistribution]:
+                    gp: Dict[int, Set[str]], deferred: Set[int] = frozenset(),
+                    widened: Optional[Dict[int, Set[str]]] = None) -> List[Redistribution]:
+    """``widened`` (``_hoist``): boundary node -> axes over which its backward marks a complete gradient
+    partial for the hoisted reduction above it."""
+    widened = widened or {}
     out = []
     for node in graph.nodes:
         if node.kind not in ("enter", "exit") or node.index in deferred:
@@ -531,17 +621,19 @@ def _boundary_plans(graph: Graph, L: Dict[int, Layout], declared: Set[int],
                          if a not in T.sharded_axes() and T.axis_size(a) > 1)) if grads else ()
         kept = sorted(_kept_partials(graph, L, node, set(P))) if grads else []   # summed later (grad_axes)
         reduced = [a for a in P if a not in kept]
+        wide = sorted(widened.get(node.index, ())) if grads else []
         avg = [a for a, op in S.partial.items() if op == "avg" and T.partial.get(a) != "avg"]
-        if S == T and not reduced and not avg:
+        if S == T and not reduced and not avg and not wide:
             continue
         fwd = plan_redistribution(S, T, shape, size)
-        if not fwd.steps and not reduced and all(S.axis_size(a) == 1 for a in avg):
+        if not fwd.steps and not reduced and not wide and all(S.axis_size(a) == 1 for a in avg):
             continue
         bwd = None
         scale = 1.0
         if grads:
             t_grad = T.without_partial().with_partial(list(P), "sum") if P else T.without_partial()
-            s_grad = S.without_partial().with_partial(kept, "sum") if kept else S.without_partial()
+            left = sorted(set(kept) | set(wide))
+            s_grad = S.without_partial().with_partial(left, "sum") if left else S.without_partial()
             bwd = plan_redistribution(t_grad, s_grad, shape, size)
             for a in avg:
                 scale /= S.axis_size(a)

@@ -13,6 +13,13 @@ Tensors are identified by object identity; every tensor consumed must have a kno
 model input, a Parameter, a constant Tensor attribute of a Cell, or a recorded op). An op that is
 not in the table produces a tensor of unknown origin, and its first consumer raises
 :class:`TraceError` naming both — the tracer never guesses.
+
+Shapes read by the model code: while tracing, ``Tensor.shape`` of a known tensor gives :class:`ShapeDim`
+ints that remember the tensor and the dim they came from. A reshape whose target holds one records it
+(``Graph.reshape_reads``): the parallelized code reads that tensor's *local* shape at run time, so the pass
+checks that the layouts it chose make the code's local target the reshape's planned local shape
+(``propagation._check_shape_reads``; e.g. ``s = x.shape[1]`` then ``q.reshape(b, s, -1, d)`` needs x and q
+split alike along the sequence).
 """
 from __future__ import annotations
 
@@ -67,6 +74,16 @@ class CellCall:
     node: int = -1                                   # atomic op node
 
 
+class ShapeDim(int):
+    """An int read from ``Tensor.shape`` of a traced tensor: ``source`` = (tensor id, dim). Arithmetic on it
+    gives a plain int (only a dim passed on as it is stays known)."""
+
+    def __new__(cls, value: int, tid: int, dim: int):
+        obj = int.__new__(cls, value)
+        obj.source = (tid, dim)
+        return obj
+
+
 @dataclass
 class Graph:
     tensors: Dict[int, TensorInfo] = field(default_factory=dict)
@@ -78,6 +95,9 @@ class Graph:
     consts: Dict[int, Tuple[Any, str]] = field(default_factory=dict)  # tid -> (owner cell, attr)
     producer: Dict[int, int] = field(default_factory=dict)       # tid -> node index
     consumers: Dict[int, List[int]] = field(default_factory=dict)
+    # reshape node index -> (its target as the code wrote it (-1 kept), {position: (tensor id, dim) the code
+    # read that entry from}); only reshapes whose target holds a ShapeDim
+    reshape_reads: Dict[int, Tuple[Tuple[int, ...], Dict[int, Tuple[int, int]]]] = field(default_factory=dict)
 
     def shape(self, tid: int) -> Tuple[int, ...]:
         return self.tensors[tid].shape
@@ -169,7 +189,10 @@ def _swapaxes(args, kwargs):
 
 
 def _reshape(args, kwargs):
-    return "reshape", [args[0]], {}      # target shape filled from the output
+    target = args[1:] if len(args) > 1 else (kwargs.get("shape"),)
+    if len(target) == 1 and isinstance(target[0], (tuple, list)):
+        target = tuple(target[0])
+    return "reshape", [args[0]], {"target": tuple(target)}   # the planned shape: filled from the output
 
 
 def _cast(args, kwargs):
@@ -340,10 +363,9 @@ class _Tracer:
         self.frames[-1][id(obj)] = tid
 
     def lookup(self, obj, consumer: str) -> int:
-        for frame in reversed(self.frames):
-            tid = frame.get(id(obj))
-            if tid is not None:
-                return tid
+        tid = self.known(obj)
+        if tid is not None:
+            return tid
         raise TraceError(
             f"{consumer} consumes a tensor of shape {_shape(obj)} whose origin the tracer does not "
             f"know: it was made by an operation outside the traced table, or created inside "
@@ -368,7 +390,14 @@ class _Tracer:
         where = f"op {rule!r} in {self.scope() or '<model>'}"
         in_tids = [self.lookup(t, where) for t in inputs]
         outs = [o for o in _flat(out) if isinstance(o, Tensor)]
+        reads = None
         if rule == "reshape":
+            target = attrs.get("target", ())
+            reads = {i: d.source for i, d in enumerate(target) if isinstance(d, ShapeDim)}
+            try:
+                template = tuple(int(d) for d in target)
+            except (TypeError, ValueError):
+                template = ()
             attrs = {"shape": _shape(outs[0])}
         if rule == "split":
             attrs = {"axis": attrs["axis"], "sizes": tuple(_shape(o)[attrs["axis"] % len(_shape(o))]
@@ -376,6 +405,16 @@ class _Tracer:
         index = len(self.g.nodes)
         self.g.add_node(Node(index, "op", rule, in_tids, self.register_outputs(outs, rule, index), self.scope(),
                              attrs))
+        if reads and len(template) == len(attrs["shape"]):
+            self.g.reshape_reads[index] = (template, reads)
+
+    def known(self, obj) -> Optional[int]:
+        """The tensor id of ``obj`` if the trace knows it (no error otherwise)."""
+        for frame in reversed(self.frames):
+            tid = frame.get(id(obj))
+            if tid is not None:
+                return tid
+        return None
 
     def call_cell(self, cell, orig_call, args, kwargs):
         path = self.cell_paths.get(id(cell))
@@ -488,6 +527,14 @@ def trace(model: nn.Cell, *inputs) -> Graph:
             g.inputs.append(tid)
     saved = [(owner, name, getattr(owner, name), name in vars(owner)) for owner, name, _ in TRACED_OPS]
     orig_call = nn.Cell.__call__
+    orig_shape = vars(Tensor)["shape"]
+
+    def traced_shape(t):
+        shape = orig_shape.fget(t)
+        if tracer.depth:                   # read inside a recorded op: MindSpore's own code
+            return shape
+        tid = tracer.known(t)
+        return shape if tid is None else tuple(ShapeDim(int(d), tid, i) for i, d in enumerate(shape))
 
     def cell_call(cell, *args, **kwargs):
         if tracer.depth:
@@ -499,9 +546,11 @@ def trace(model: nn.Cell, *inputs) -> Graph:
         for (owner, name, spec), (_, _, orig, _) in zip(TRACED_OPS, saved):
             setattr(owner, name, _make_op_wrapper(orig, spec))
         nn.Cell.__call__ = cell_call
+        Tensor.shape = property(traced_shape)
         out = model(*real)
         g.outputs = [tracer.lookup(o, "model output") for o in _flat(out) if isinstance(o, Tensor)]
     finally:
+        Tensor.shape = orig_shape
         nn.Cell.__call__ = orig_call
         for owner, name, orig, own in saved:
             if own:
