@@ -563,7 +563,8 @@ def _hoist(graph: Graph, L: Dict[int, Layout], declared: Set[int], gp: Dict[int,
     gradient: LoRA's A beside the column-parallel base it adapts). The hoisted backward then takes the
     union of those axes, and a consumer whose gradient is complete over some of them marks it partial
     there (one rank keeps it, the others give zeros: no communication), recorded in ``widened`` (consumer
-    boundary node -> the axes), so that the one reduction sums every contribution once."""
+    boundary node -> the axes), so that the one reduction sums every contribution once. Only where the
+    consumers share a forward conversion: a reduction alone is not moved that way."""
     deferred: Set[int] = set()
     widened = {} if widened is None else widened
     changed = True
@@ -591,6 +592,8 @@ def _hoist(graph: Graph, L: Dict[int, Layout], declared: Set[int], gp: Dict[int,
             P = frozenset().union(*partials.values())
             if T.partial or (T == L[t] and not P) or (P and not is_float(graph.tensors[t].dtype)):
                 continue
+            if T == L[t] and len(set(partials.values())) > 1:
+                continue        # widening pays off only where a forward conversion is shared
             L[t] = T
             gp[t] = set(P)
             for u in users:
