@@ -159,13 +159,33 @@ def _targets(model: nn.Cell) -> List[Tuple[str, nn.Cell, str, _Linear]]:
     return out
 
 
-def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
+def matched_names(model: nn.Cell, settings: LoraSettings) -> List[str]:
+    """What :func:`apply_lora` would adapt in ``model`` (global layer numbers), without changing it."""
+    names = [_global_name(model, path) for path, *_ in _targets(model) if matches(settings, _global_name(model, path))]
+    for path, *_ in _experts(model):
+        names += [f"{_global_name(model, path)}.{w}" for w in EXPERT_WEIGHTS
+                  if matches(settings, f"{_global_name(model, path)}.{w}")]
+    return names
+
+
+def no_match_error(settings: LoraSettings, model: nn.Cell) -> LoraConfigError:
+    known = [_global_name(model, p) for p, *_ in _targets(model)][:8]
+    return LoraConfigError(f"{settings.source}.target_modules = {list(settings.target_modules)!r}: matches no "
+                           f"layer of this model; its linears are named like {known} (Hugging Face: "
+                           "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; MindFormers: wq, wk, "
+                           "wv, wo, w1, w2, w3; routed experts: <layer>.mlp.experts.w_gate / w_up / w_down, "
+                           "Hugging Face's mlp.experts.gate_proj / up_proj / down_proj or gate_up_proj)")
+
+
+def apply_lora(model: nn.Cell, settings: LoraSettings, config, require_match: bool = True) -> List[str]:
     """Wrap the matching linears of an unparallelized ``model`` in place; freeze every other parameter.
-    Returns the adapted names (linears; experts' weights as ``<experts>.w_gate``). A ``target_modules`` that
-    matches nothing is a ``LoraConfigError``."""
+    Returns the adapted names (linears; experts' weights as ``<experts>.w_gate``). Names are matched with
+    their global layer numbers (a pipeline stage's decoder knows them). A ``target_modules`` that matches
+    nothing is a ``LoraConfigError`` unless ``require_match`` is False (a pipeline stage may hold none of
+    the adapted layers: the caller checks the whole model)."""
     wrapped, adapters = [], []
     for path, parent, attr, linear in _targets(model):
-        if not matches(settings, path):
+        if not matches(settings, _global_name(model, path)):
             continue
         names = {k: p.name for k, p in (("weight", linear.weight), ("bias", linear.bias)) if p is not None}
         lora = LoRALinear(linear, settings, config, _global_name(model, path))
@@ -177,7 +197,7 @@ def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
         wrapped.append(path)
         adapters += [lora.lora_a.weight, lora.lora_b.weight]
     for path, parent, attr, experts in _experts(model):
-        adapted = tuple(w for w in EXPERT_WEIGHTS if matches(settings, f"{path}.{w}"))
+        adapted = tuple(w for w in EXPERT_WEIGHTS if matches(settings, f"{_global_name(model, path)}.{w}"))
         if not adapted:
             continue
         if settings.dropout > 0:
@@ -195,13 +215,8 @@ def apply_lora(model: nn.Cell, settings: LoraSettings, config) -> List[str]:
             getattr(lora, f"{w}_lora_b").name = f"{path}.{w}.lora_b.weight"
         adapters += lora.adapter_params()
         wrapped += [f"{path}.{w}" for w in adapted]
-    if not wrapped:
-        known = [p for p, *_ in _targets(model)][:8]
-        raise LoraConfigError(f"{settings.source}.target_modules = {list(settings.target_modules)!r}: matches no "
-                              f"layer of this model; its linears are named like {known} (Hugging Face: "
-                              "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; MindFormers: wq, wk, "
-                              "wv, wo, w1, w2, w3; routed experts: <layer>.mlp.experts.w_gate / w_up / w_down, "
-                              "Hugging Face's mlp.experts.gate_proj / up_proj / down_proj or gate_up_proj)")
+    if not wrapped and require_match:
+        raise no_match_error(settings, model)
     adapters = {id(p) for p in adapters}
     for p in model.get_parameters():
         if id(p) not in adapters and p.requires_grad:

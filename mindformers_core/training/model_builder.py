@@ -74,7 +74,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     ids = np.zeros((micro_batch * shape.dp, seq), np.int32)
     counts = layer_counts(cfg, topo, output_dir, log) if shape.pp > 1 else None
     lora = lora_settings(cfg, shape)
-    chunks, tied_copies = [], []
+    chunks, tied_copies, adapted = [], [], []
     for s in topo.stages:
         ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
         if shape.pp == 1:
@@ -90,7 +90,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
             with _deferred_if(held) as deferred:
                 chunk = spec.model_class(mcfg, pp_rank=k % shape.pp,
                                          vp_stage=k // shape.pp if shape.vpp > 1 else None, layers_per_stage=counts)
-            _apply_lora(lora, chunk, mcfg, topo.rank, log)
+            adapted += _apply_lora(lora, chunk, mcfg, topo.rank, log, require_match=False)
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             _draw_not_held(deferred, chunk, held, numbers)
             _parallelize_stage(chunk, mcfg, k, topo, mesh, ids, side=len(batch_samples(cfg, ids)) > 2)
@@ -100,6 +100,8 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
                 p.name = global_param_name(p.name, numbers)
         _apply_recompute(cfg, chunk, topo.rank, log)
         chunks.append(chunk)
+    if lora is not None and shape.pp > 1 and not adapted:
+        _lora_matches_some_stage(spec, mcfg, lora, shape, counts)
     if tied_copies and shape.pp > 1 and topo.model_stage(topo.stages[0]) == 0:
         tied_copies = _share_embedding(chunks)
     params = list({id(p): p for chunk in chunks for p in chunk.trainable_params()}.values())   # a shared one once
@@ -238,10 +240,6 @@ def lora_settings(cfg: Config, shape: JobShape):
         settings = parse_lora(dict(raw), source)
     except LoraConfigError as e:
         raise ConfigError([str(e)]) from None
-    if shape.sharded_dp and cfg.hsdp.optimizer_level == "level3":
-        raise ConfigError([f"{source} with parallel.enable_parallel_optimizer and hsdp.optimizer_level = level3: LoRA "
-                           "with hsdp level3 (frozen base weights gathered per unit) is not supported; use level1 "
-                           "or level2 (the optimizer state is the adapters' only, it is small)"])
     if settings.dropout > 0 and shape.tp > 1:
         raise ConfigError([f"{source}.lora_dropout = {settings.dropout} with parallel_config.model_parallel = "
                            f"{shape.tp}: each tensor-parallel rank would draw its own dropout mask for the same "
@@ -250,19 +248,82 @@ def lora_settings(cfg: Config, shape: JobShape):
     return settings
 
 
-def _apply_lora(settings, chunk, mcfg, rank: int, log=print) -> None:
+def lora_stage_problems(cfg: Config, shape: JobShape) -> List[str]:
+    """Under a pipeline (before any process group): each pipeline rank must hold an adapted layer. LoRA trains
+    the adapters only, so a rank whose stages adapt nothing (no decoder layer there, or none that
+    ``target_modules`` names) would have no parameter to update. The stages are built as zeros (no draws)
+    and only looked at. Skipped for ``layers_per_stage: auto`` (measured after start-up: ``build_model``
+    names a model that adapts nothing at all)."""
+    settings = lora_settings(cfg, shape)
+    split = cfg.parallel.pipeline_config.layers_per_stage
+    if settings is None or shape.pp == 1 or split == "auto":
+        return []
+    from ..peft.lora import matched_names
+    spec = get_model_spec(cfg.model.arch.type)
+    topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
+    counts = None if split is None else \
+        [len(r) for r in topo.layer_ranges(int(cfg.model.model_config.num_layers), split)]
+    adapted, layers = [], []
+    try:
+        mcfg = model_config_for(spec, cfg, shape)
+        for k in range(topo.model_stage_num):
+            with deferred_init():
+                chunk = spec.model_class(mcfg, pp_rank=k % shape.pp, layers_per_stage=counts,
+                                         vp_stage=k // shape.pp if shape.vpp > 1 else None)
+            adapted.append(matched_names(chunk, settings))
+            layers.append([n - 1 for n in chunk.decoder.layer_numbers])
+    except (ValueError, TypeError, KeyError):     # a model that cannot be built: the build names it
+        return []
+    if not any(adapted):
+        from ..peft.lora import no_match_error
+        return [str(no_match_error(settings, chunk))]
+    problems = []
+    for r in range(shape.pp):
+        held = sorted({topo.model_stage(s) for s, q in enumerate(topo.placement) if q == r})
+        if not any(adapted[k] for k in held):
+            where = ", ".join(f"{k} (layers {layers[k] or 'none'})" for k in held)
+            problems.append(f"{settings.source}.target_modules = {list(settings.target_modules)!r} with "
+                            f"parallel_config.pipeline_stage = {shape.pp}"
+                            + (f" and parallel.pipeline_config.layers_per_stage = {split}" if split is not None else "")
+                            + f": pipeline rank {r} runs model stage(s) {where}, where LoRA adapts no layer, so "
+                            "that rank would have nothing to train (LoRA updates the adapters only); give every "
+                            "pipeline rank's stages a decoder layer that target_modules names (another "
+                            "layers_per_stage), widen target_modules, or use fewer pipeline stages")
+    return problems
+
+
+def _apply_lora(settings, chunk, mcfg, rank: int, log=print, require_match: bool = True) -> list:
+    """LoRA on ``chunk`` (nothing without settings); the adapted names. ``require_match=False``: a pipeline
+    stage that holds none of the targets is not an error here (``_lora_matches_some_stage`` checks the model)."""
     if settings is None:
-        return
+        return []
     from ..peft import LoraConfigError, apply_lora
     try:
-        wrapped = apply_lora(chunk, settings, mcfg)
+        wrapped = apply_lora(chunk, settings, mcfg, require_match=require_match)
     except LoraConfigError as e:
         raise ConfigError([str(e)]) from None
-    if rank == 0:
+    if rank == 0 and wrapped:
         trainable = sum(int(p.size) for p in chunk.trainable_params())
         total = sum(int(p.size) for p in chunk.get_parameters())
         log(f"LoRA r={settings.rank} alpha={settings.alpha:g} on {len(wrapped)} linears ({wrapped[0]}, ...): "
             f"{trainable} trainable of {total} parameters ({100 * trainable / max(total, 1):.2f}%)")
+    return wrapped
+
+
+def _lora_matches_some_stage(spec, mcfg, settings, shape: JobShape, counts) -> None:
+    """Under a pipeline, this rank's stages adapt nothing: every rank decides alike whether any stage of the
+    model does (the other stages built as zeros, not drawn, and only looked at); none is a ConfigError."""
+    from ..peft.lora import matched_names, no_match_error
+    example = None      # a stage with layers: its linears' names go into the message
+    for k in range(shape.pp * shape.vpp):
+        with deferred_init():
+            chunk = spec.model_class(mcfg, pp_rank=k % shape.pp, vp_stage=k // shape.pp if shape.vpp > 1 else None,
+                                     layers_per_stage=counts)
+        if matched_names(chunk, settings):
+            return
+        if example is None and len(chunk.decoder.layer_numbers):
+            example = chunk
+    raise ConfigError([str(no_match_error(settings, chunk if example is None else example))])
 
 
 def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Optional[List[int]]:

@@ -149,13 +149,14 @@ class _Checks:
         self.found = Preflight()
 
     def lora_errors(self) -> None:
-        """LoRA settings (``pet_config`` / ``lora_config``) and the layouts they do not combine with (hsdp level3),
-        named before any process group exists."""
+        """LoRA settings (``pet_config`` / ``lora_config``) and the layouts they do not combine with (dropout under
+        tensor parallel; a pipeline rank with no adapted layer), named before any process group exists."""
         if dict(self.cfg.model.model_config).get("pet_config") is None:
             return
-        from .model_builder import lora_settings
+        from .model_builder import lora_settings, lora_stage_problems
         try:
             lora_settings(self.cfg, self.shape)
+            self.errors.extend(lora_stage_problems(self.cfg, self.shape))
         except ConfigError as e:
             self.errors.extend(e.errors)
 
