@@ -155,8 +155,6 @@ def test_bad_settings_are_named(pet, message):
 @pytest.mark.parametrize("extra, message", [
     (["--model.model_config.pet_config", "{lora_rank: 4, target_modules: '.*nothing_here'}"],
      "target_modules = ['.*nothing_here']: matches no layer of this model"),
-    (["--parallel.enable_parallel_optimizer", True, "--hsdp.optimizer_level", "level3"],
-     "hsdp.optimizer_level = level3: LoRA with hsdp level3 (frozen base weights gathered per unit) is not supported"),
 ])
 def test_bad_runs_exit_2_naming_the_key(tmp_path, capsys, extra, message):
     config = lora_yaml(str(tmp_path))
@@ -191,13 +189,146 @@ def test_peft_form_of_experts_and_dense_mlp_adapters_is_refused_by_name(tmp_path
     assert not (tmp_path / "peft").exists()
 
 
-def test_lora_with_hsdp_level3_is_named_before_any_process_group(tmp_path, capsys):
-    """--check_config runs the preflight only (no process group, no model): the refusal is there."""
+PIPE = ["--use_parallel", True, "--parallel_config.pipeline_stage", 2, "--check_config", "--worker_num", 2]
+DUALPIPEV = ["--parallel_config.micro_batch_num", 4, "--runner_config.batch_size", 1,
+             "--parallel.pipeline_config.pipeline_scheduler", "dualpipev", "--parallel.pipeline_config.pipeline_interleave",
+             2, "--parallel.pipeline_config.layers_per_stage"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    # DualPipeV's V puts model stages 0 and 3 on rank 0: with [0, 1, 1, 0] it holds no decoder layer
+    ([*DUALPIPEV, "[0, 1, 1, 0]"], "with parallel_config.pipeline_stage = 2 and parallel.pipeline_config."
+     "layers_per_stage = [0, 1, 1, 0]: pipeline rank 0 runs model stage(s) 0 (layers none), 3 (layers none), where "
+     "LoRA adapts no layer, so that rank would have nothing to train"),
+    (["--parallel_config.micro_batch_num", 2, "--model.model_config.pet_config",
+      "{lora_rank: 4, target_modules: 'model.layers.1.self_attn.q_proj'}"],
+     "pipeline rank 0 runs model stage(s) 0 (layers [0]), where LoRA adapts no layer"),
+    (["--parallel_config.micro_batch_num", 2, "--model.model_config.pet_config",
+      "{lora_rank: 4, target_modules: 'model.layers.7.self_attn.q_proj'}"],
+     "target_modules = ['model.layers.7.self_attn.q_proj']: matches no layer of this model"),
+])
+def test_a_pipeline_rank_without_adapters_is_named_before_any_process_group(tmp_path, capsys, extra, message):
+    """LoRA trains the adapters only: a pipeline rank whose stages adapt no layer would have nothing to update.
+    --check_config runs the preflight only (no process group, no model on a device): the refusal is there."""
     config = lora_yaml(str(tmp_path))
-    assert run_mindformer.main(argv(config, tmp_path / "out", "--use_parallel", True, "--parallel_config.data_parallel",
+    assert run_mindformer.main(argv(config, tmp_path / "out", *PIPE, *extra)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_pipeline_rank_with_an_adapted_layer_and_hsdp_level3_pass_the_preflight(tmp_path):
+    config = lora_yaml(str(tmp_path))
+    assert run_mindformer.main(argv(config, tmp_path / "a", *PIPE, *DUALPIPEV, "[0, 1, 0, 1]")) == 0
+    assert run_mindformer.main(argv(config, tmp_path / "b", "--use_parallel", True, "--parallel_config.data_parallel",
                                     2, "--parallel.enable_parallel_optimizer", True, "--hsdp.optimizer_level", "level3",
-                                    "--check_config", "--worker_num", 2)) == 2
-    assert "LoRA with hsdp level3 (frozen base weights gathered per unit) is not supported" in capsys.readouterr().err
+                                    "--check_config", "--worker_num", 2)) == 0
+
+
+def test_targets_match_global_layer_names_on_a_pipeline_stage():
+    """Stage 1 of a pp2 Qwen3 numbers its layer 0 locally; target_modules naming Hugging Face's layer 1 adapts it
+    (and the one naming layer 0 adapts nothing there)."""
+    from mindformers_core.models.hf.config import read_hf_config
+    from mindformers_core.peft import apply_lora
+    from mindformers_core.peft.lora import matched_names
+    spec, config, _ = read_hf_config(FOLDER)
+    mcfg = spec.config_class.from_model_config(dict(config, seq_length=32), dict(pipeline_stage=2))
+    stage = spec.model_class(mcfg, pp_rank=1)
+    one = parse_lora({"lora_rank": 4, "target_modules": "model.layers.1.self_attn.q_proj"})
+    zero = parse_lora({"lora_rank": 4, "target_modules": "model.layers.0.self_attn.q_proj"})
+    assert matched_names(stage, zero) == []
+    assert apply_lora(stage, one, mcfg) == ["decoder.layers.0.self_attention.linear_q"]     # its local name
+
+
+def sp_plan(targets):
+    """The sharding plan of the Qwen3 fixture at tp2 with sequence parallel, LoRA on ``targets`` (None: none),
+    on the fine-tuning batch (position ids as inputs): pure propagation, no process group."""
+    from mindformers_core.common.batch import model_args
+    from mindformers_core.models.hf.config import read_hf_config
+    from mindformers_core.peft import apply_lora
+    from mindformers_core.sharding.parallelizer import plan_sharding
+    spec, config, _ = read_hf_config(FOLDER)
+    mcfg = spec.config_class.from_model_config(dict(config, seq_length=32), dict(model_parallel=2,
+                                                                                 use_seq_parallel=True))
+    model = spec.model_class(mcfg)
+    if targets:
+        apply_lora(model, parse_lora({"lora_rank": 4, "target_modules": targets}), mcfg)
+    ids = np.zeros((2, 32), np.int32)
+    batch = {"input_ids": ids, "labels": ids, "loss_mask": np.ones(ids.shape, np.float32),
+             "position_ids": np.tile(np.arange(32, dtype=np.int32), (2, 1)), "segment_ids": np.zeros_like(ids)}
+    return plan_sharding(model, mcfg, *model_args(batch))
+
+
+def test_lora_under_sequence_parallel_gathers_the_attention_input_once_as_full_fine_tuning_does():
+    """Issue 42's root cause, on the plan: LoRA's A beside a column-parallel base once kept its input split over
+    the sequence (cheaper at that op), so the sequence all-gather was not hoisted to SelfAttention's input, whose
+    code reshapes q with x.shape[1] (then half the tokens: [2, 64, 4, 16] against [2, 128, 1, 16] in the user's
+    run). Now A shares the base's gather: SelfAttention's input is gathered once, as without LoRA, and A's
+    backward marks its complete input gradient partial (no communication) for the one reduce-scatter."""
+    full, lora = sp_plan(None), sp_plan(".*q_proj|.*v_proj|.*o_proj|.*down_proj")
+    where = "enter of decoder.layers.0.self_attention tensor 0"
+    for plan in (full, lora):
+        (gather,) = [r for r in plan.redistributions if r.where == where]
+        assert [s.kind for s in gather.forward.steps] == ["all_gather"]
+        assert [s.kind for s in gather.backward.steps] == ["reduce_scatter"]
+    a_enter = [r for r in lora.redistributions if r.where.startswith("enter of decoder.layers.0.self_attention.linear_q")]
+    assert [(r.where.split(" tensor")[0].rsplit(".", 1)[1], [s.kind for s in r.forward.steps],
+             [s.kind for s in r.backward.steps]) for r in a_enter] == [("lora_a", [], ["zero_partial"])]
+    assert lora.bytes_per_step - full.bytes_per_step == 2 * (2 * 1024 + 2 * 1024)   # r-wide: 4 adapters, 2 layers
+
+
+def test_a_reshape_sized_from_another_tensors_shape_is_checked_against_the_plan():
+    """The parallel code reads local shapes: ``s = x.shape[1]`` then ``y.reshape(b, s, -1, 2)`` needs x and y
+    split alike along the sequence. A plan that splits them differently is a PlanError naming both (it was a
+    wrong shape at run time)."""
+    from mindspore import Parameter, Tensor, nn, ops
+    from mindformers_core.sharding.layout import Layout
+    from mindformers_core.sharding.parallelizer import plan_sharding
+    from mindformers_core.sharding.propagation import PlanError
+    mesh = Layout((1, 1, 2), ("dp", "cp", "tp"))
+
+    class Column(nn.Cell):
+        sharding_op, sharding_params = "linear", ("weight",)
+
+        def __init__(self):
+            super().__init__()
+            self.weight = Parameter(Tensor(np.ones((8, 8), np.float32)), name="w")
+
+        def sharding_attrs(self):
+            return {"transpose_b": False}
+
+        def construct(self, x):
+            return ops.matmul(x, self.weight)
+
+        def shard(self, config):
+            return None, None, {"weight": mesh("None", "tp")}
+
+    class SequenceSplit(nn.Cell):
+        def construct(self, x):
+            return x * 2.0
+
+        def shard(self, config):
+            return (mesh("None", "tp", "None"),), None, None
+
+    class Reader(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.col, self.other = Column(), SequenceSplit()
+
+        def construct(self, x):
+            b, s = x.shape[0], x.shape[1]
+            return self.col(x).reshape(b, s, -1, 2).sum() + self.other(x).sum()
+
+    class Top(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.inner = Reader()
+
+        def construct(self, x):
+            return self.inner(x)
+
+    with pytest.raises(PlanError, match=r"reshape in inner: the code reshapes a tensor of global shape \(2, 4, 8\) "
+                                        r"to \(2, 4, 4, 2\) with entries read from the shape of tensor enter inner"):
+        plan_sharding(Top(), None, np.zeros((2, 4, 8), np.float32), mesh=mesh,
+                      input_layouts=[mesh("None", "tp", "None")])
 
 
 def test_lora_dropout_under_tensor_parallel_is_named_before_any_process_group(tmp_path, capsys):
