@@ -73,12 +73,12 @@ SFT_PET = "{pet_type: lora, lora_rank: 4, lora_alpha: 8, lora_dropout: 0.0, targ
 
 
 def sft_argv(out, *extra):
-    return ["--config", SFT_YAML, "--pretrained_model_dir", os.path.join(HF, "qwen3"), "--load_checkpoint",
+    return [str(a) for a in ["--config", SFT_YAML, "--pretrained_model_dir", os.path.join(HF, "qwen3"), "--load_checkpoint",
             os.path.join(HF, "qwen3"), "--train_dataset.data_loader.path",
             os.path.join(os.path.dirname(HF), "sft", "alpaca_arith.json"), "--output_dir", str(out),
             "--parallel_config.pipeline_stage", 1, "--model.model_config.compute_dtype", "float32",
             "--model.model_config.seq_length", 128, "--runner_config.batch_size", 2, "--lr_schedule.learning_rate",
-            1e-2, "--model.model_config.pet_config", SFT_PET, *SAVE3, *map(str, extra)]
+            1e-2, "--model.model_config.pet_config", SFT_PET, *SAVE3, *extra]]
 
 
 def run_many(argvs):

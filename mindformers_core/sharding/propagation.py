@@ -24,6 +24,10 @@ Semantics (MindSpore's sharding propagation, applied to tensors rather than oper
   over the axes the parameter is replicated on, and those join its ``grad_axes`` (summed once with
   its other uses' contributions, e.g. the lookup's), instead of being reduced at the boundary.
 
+* Shapes the code reads: a reshape sized from another tensor's shape (``s = x.shape[1]``, recorded by the
+  tracer) must get, from that tensor's planned local shape, the reshape's planned local shape; otherwise
+  :class:`PlanError` (the run would build another shape).
+
 Pure Python: no process group is needed to plan.
 """
 from __future__ import annotations
