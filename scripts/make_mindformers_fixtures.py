@@ -8,7 +8,9 @@ mindformers). Run in a throwaway venv (never a dependency of the package or of t
     /work/mfvenv/bin/pip install mindspore==2.10.0 "numpy<2" "pandas<3" "pyarrow<22" sentencepiece ftfy regex \\
         tqdm pyyaml jieba rouge_chinese mindpet==1.0.4 opencv-python-headless tokenizers astunparse tiktoken \\
         jinja2 setproctitle safetensors tensorboardX deprecated pybind11 "transformers>=5.3" datasets
-    LOCAL_DEFAULT_PATH=/tmp/mfout /work/mfvenv/bin/python scripts/make_mindformers_fixtures.py
+    /work/mfvenv/bin/pip install --no-deps /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+    /work/mfvenv/bin/pip install sympy networkx filelock fsspec typing_extensions     # (torch: qwen3_moe only)
+    LOCAL_DEFAULT_PATH=/tmp/mfout /work/mfvenv/bin/python scripts/make_mindformers_fixtures.py  # [legacy|mcore|moe]
 
 (mindformers 2.1.0's metadata asks for mindspore 2.11 and hyper-parallel, neither on the package index;
 pyarrow >= 22 needs NumPy 2, which MindSpore 2.10 cannot use. ``import mindformers`` works with the above.)
@@ -26,11 +28,20 @@ What is made (each a folder under tests/data/mindformers/ with ``reference.npz``
   ``convert_qkv_concat_weight`` and checked by running MindFormers' fused model on them (same logits).
 - ``qwen2_legacy``: the legacy Llama with q/k/v biases (``qkv_has_bias``: MindFormers' legacy Qwen2), trained
   2 steps, ``.safetensors`` single file.
-- ``qwen3``, ``qwen3_moe``: MindFormers' mcore ``TrainingQwen3ForCausalLM`` / ``TrainingQwen3MoeForCausalLM``
-  built from the config.json of our transformers-made fixtures (tests/data/hf/<name>), filled by MindFormers'
-  own Hugging Face loader (``mindformers.checkpoint.checkpoint.load_hf_checkpoint``) and saved with
-  ``mindspore.save_checkpoint`` (qwen3: ``.safetensors`` and ``.ckpt``; qwen3_moe: ``.safetensors``). Their
-  forward does not run on CPU: the logits are the stored transformers logits of those fixtures.
+- ``qwen3``: MindFormers' mcore ``TrainingQwen3ForCausalLM`` built from the config.json of our transformers-made
+  fixture tests/data/hf/qwen3, filled by MindFormers' own Hugging Face loader
+  (``mindformers.checkpoint.checkpoint.load_hf_checkpoint``), saved with ``mindspore.save_checkpoint`` as
+  ``.safetensors`` and ``.ckpt``. Its forward does not run on CPU: the logits are the fixture's transformers logits.
+- ``qwen3_moe``: the same with ``TrainingQwen3MoeForCausalLM``, from a Qwen3-MoE that transformers makes here with
+  every layer MoE (MindFormers 2.1.0's Qwen3-MoE reads neither ``mlp_only_layers`` nor ``first_k_dense_replace``,
+  so our fixture's dense layer 0 does not fit it); its loader hands the experts over 3-D while the graph-mode
+  parameter is 2-D (same bytes), so ``load_param_into_net`` is wrapped to reshape them (see
+  ``_reshaping_load_param_into_net``). ``.ckpt``; logits: transformers'.
+- ``deepseek_v3``: ``TrainingDeepseekV3ForCausalLM`` (no MTP layer) from tests/data/hf/deepseek_v3's config; 2.1.0
+  has no Hugging Face template for it, so MindFormers' name table and conversion ops fill it
+  (``make_deepseek_v3``). ``.safetensors``; logits: the fixture's transformers logits.
+
+Each mcore folder keeps the Hugging Face ``config.json`` it was built from as ``config.hf.json``.
 
 Versions used for the stored files: mindformers 2.1.0, mindspore 2.10.0, numpy 1.26.4, CPython 3.11.
 """
@@ -187,20 +198,126 @@ def _reshaping_load_param_into_net(load):
         out = load(net, parameter_dict, *args, **kwargs)
         print(f"  not loaded into the net: {out[0]}", flush=True)
         return out
+    wrapped.reshaping = True
     return wrapped
 
 
-def make_mcore(name, model_class, config_class, formats, **over):
+def make_all_moe_folder(folder):
+    """MindFormers 2.1.0's Qwen3-MoE makes every layer MoE (it reads neither mlp_only_layers nor
+    first_k_dense_replace), so our qwen3_moe fixture (layer 0 dense) does not fit it: transformers makes the
+    same model with every layer MoE (seed 11 as scripts/make_hf_fixtures.py), saved to ``folder`` with its logits
+    on the stored input ids. Needs torch in this venv (pip install the CPU wheel)."""
+    import torch
+    import transformers
+    with open(os.path.join(HF, "qwen3_moe", "config.json")) as f:
+        base = json.load(f)
+    keep = ("vocab_size", "max_position_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "rms_norm_eps",
+            "initializer_range", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "moe_intermediate_size", "norm_topk_prob", "num_experts_per_tok",
+            "tie_word_embeddings", "rope_parameters", "router_aux_loss_coef")
+    kw = {k: base[k] for k in keep}
+    torch.manual_seed(11)
+    config = transformers.Qwen3MoeConfig(num_experts=base["num_local_experts"], decoder_sparse_step=1,
+                                         mlp_only_layers=[], **kw)
+    model = transformers.Qwen3MoeForCausalLM(config).eval().float()
+    model.save_pretrained(folder)
+    ids = np.load(os.path.join(HF, "qwen3_moe", "reference.npz"))["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor(ids.astype(np.int64))).logits.numpy()
+    return ids, logits
+
+
+def make_mcore(name, model_class, config_class, formats, source=None, reference=None, **over):
     import mindformers.checkpoint.checkpoint as mf_checkpoint
-    mf_checkpoint.load_param_into_net = _reshaping_load_param_into_net(mf_checkpoint.load_param_into_net)
-    cfg = config_class(**dict(hf_config(name), **over))
-    model = model_class(cfg)
-    mf_checkpoint.load_hf_checkpoint(os.path.join(HF, name), model)
+    if not getattr(mf_checkpoint.load_param_into_net, "reshaping", False):
+        mf_checkpoint.load_param_into_net = _reshaping_load_param_into_net(mf_checkpoint.load_param_into_net)
+    source = source or os.path.join(HF, name)
+    with open(os.path.join(source, "config.json")) as f:
+        cfg = json.load(f)
+    for key in ("architectures", "transformers_version", "layer_types"):
+        cfg.pop(key, None)
+    model = model_class(config_class(**dict(cfg, **over)))
+    mf_checkpoint.load_hf_checkpoint(source, model)
     out = fresh(name)
     for fmt in formats:
         ms.save_checkpoint(model, os.path.join(out, f"{name}.{fmt}"), format=fmt)
-    ref = np.load(os.path.join(HF, name, "reference.npz"))
+    if reference is None:
+        ref = np.load(os.path.join(HF, name, "reference.npz"))
+        reference = ref["input_ids"], ref["logits"]
+    np.savez(os.path.join(out, "reference.npz"), input_ids=reference[0], logits=reference[1])
+    shutil.copyfile(os.path.join(source, "config.json"), os.path.join(out, "config.hf.json"))
+    for p in model.get_parameters():
+        print(f"  {name}: {p.name} {tuple(p.shape)}", flush=True)
+
+
+def make_deepseek_v3():
+    """MindFormers 2.1.0's mcore ``TrainingDeepseekV3ForCausalLM`` (qk_layernorm, mla_qkv_concat and the interleaved
+    MLP layout: its defaults for DeepSeek-V3; no MTP layer) built from our transformers-made fixture's config. 2.1.0
+    registers no Hugging Face template for it (``load_hf_checkpoint`` refuses: "The template of current model is
+    None"), so each parameter is filled from the fixture's tensors by MindFormers' own pieces: its name table
+    (``convert_name``: the model's ``weight_mapping``) for the 1:1 tensors and its conversion ops
+    (``checkpoint/converter/convert_op.py``) for the fused ones: ``ConcatConvertOp`` for ``linear_qkv`` (q_a_proj,
+    kv_a_proj_with_mqa; not interleaved) and for ``linear_fc1`` / ``shared_experts.linear_fc1`` (gate, up; the
+    layout from the config by its ``set_model_config``), ``ExpertsConvertOp`` for the stacked routed experts."""
+    from mindformers.checkpoint.converter.convert_op import ConcatConvertOp, ExpertsConvertOp
+    from mindformers.models.deepseek3.configuration_deepseek_v3 import DeepseekV3Config
+    from mindformers.models.deepseek3.modeling_deepseek_v3_train import TrainingDeepseekV3ForCausalLM
+    from safetensors.numpy import load_file
+    name = "deepseek_v3"
+    source = os.path.join(HF, name)
+    with open(os.path.join(source, "config.json")) as f:
+        cfg = json.load(f)
+    for key in ("architectures", "transformers_version", "qk_head_dim", "head_dim", "rope_parameters", "dtype",
+                "pretraining_tp", "output_router_logits", "rope_interleave"):
+        cfg.pop(key, None)
+    cfg.update(rope_theta=10000.0, moe_grouped_gemm=True, num_nextn_predict_layers=0, qk_layernorm=True)
+    model = TrainingDeepseekV3ForCausalLM(DeepseekV3Config(**cfg))
+    tc = model.get_gpt_transformer_config()
+    hf = {k: v for k, v in load_file(os.path.join(source, "model.safetensors")).items()
+          if not k.startswith(f"model.layers.{cfg['num_hidden_layers']}.")}          # the MTP layer: not built
+    values = {}
+    # MindFormers' weight_mapping names the Megatron split (mla_qkv_concat False); its concatenated module holds
+    # linear_q_up_proj as linear_qb, linear_kv_up_proj as linear_kvb and the kv latent's norm as k_layernorm
+    # (multi_latent_attention.py, MLASelfAttentionConcatenated)
+    concat_names = {".self_attention.linear_q_up_proj.": ".self_attention.linear_qb.",
+                    ".self_attention.linear_kv_up_proj.": ".self_attention.linear_kvb.",
+                    ".self_attention.kv_layernorm.": ".self_attention.k_layernorm."}
+    for k, v in hf.items():                   # the 1:1 tensors through MindFormers' own name table
+        mf_name = model.convert_name(k)
+        for a, b in concat_names.items():
+            mf_name = mf_name.replace(a, b)
+        values[mf_name] = v
+    ops = []
+    for i in range(cfg["num_hidden_layers"]):
+        p, q = f"model.layers.{i}.", f"decoder.layers.{i}."
+        ops.append(ConcatConvertOp([p + "self_attn.q_a_proj.weight", p + "self_attn.kv_a_proj_with_mqa.weight"],
+                                   [q + "self_attention.linear_qkv.weight"], dim=0, interleaved=False))
+        for mlp in ("mlp", "mlp.shared_experts"):
+            if p + mlp + ".gate_proj.weight" in hf:
+                op = ConcatConvertOp([p + mlp + ".gate_proj.weight", p + mlp + ".up_proj.weight"],
+                                     [q + mlp + ".linear_fc1.weight"], dim=0)
+                op.set_model_config(tc)
+                ops.append(op)
+        if p + "mlp.experts.0.gate_proj.weight" in hf:
+            n = cfg["n_routed_experts"]
+            for hf_names, mf in (((".gate_proj.weight", ".up_proj.weight"), "weight1"), ((".down_proj.weight",), "weight2")):
+                op = ExpertsConvertOp([p + "mlp.experts.{}" + h for h in hf_names], [q + "mlp.experts." + mf])
+                op.set_model_config(tc)
+                op.optimizer_parallel_size = 1
+                stacked = [np.stack([hf[p + f"mlp.experts.{e}" + h] for e in range(n)]) for h in hf_names]
+                values[q + "mlp.experts." + mf] = op._hf_to_mf(stacked)[0]
+    for op in ops:
+        values.update(op.hf_to_mf({n: hf[n] for n in op.hf_names}))
+    params = model.parameters_dict()
+    filled = {k: ms.Parameter(ms.Tensor(v.reshape(params[k].shape)), name=k) for k, v in values.items() if k in params}
+    not_loaded, _ = ms.load_param_into_net(model, filled)
+    print("  deepseek_v3: not filled:", not_loaded, flush=True)
+    assert all(k.endswith((".fi_accu", ".expert_load")) for k in not_loaded), not_loaded
+    out = fresh(name)
+    ms.save_checkpoint(model, os.path.join(out, f"{name}.safetensors"), format="safetensors")
+    ref = np.load(os.path.join(source, "reference.npz"))
     np.savez(os.path.join(out, "reference.npz"), input_ids=ref["input_ids"], logits=ref["logits"])
+    shutil.copyfile(os.path.join(source, "config.json"), os.path.join(out, "config.hf.json"))
     for p in model.get_parameters():
         print(f"  {name}: {p.name} {tuple(p.shape)}", flush=True)
 
@@ -218,9 +335,18 @@ def main(which):
             make_mcore("qwen3", TrainingQwen3ForCausalLM, Qwen3Config, ("safetensors", "ckpt"))
         from mindformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
         from mindformers.models.qwen3_moe.modeling_qwen3_moe_train import TrainingQwen3MoeForCausalLM
-        make_mcore("qwen3_moe", TrainingQwen3MoeForCausalLM, Qwen3MoeConfig, ("safetensors",), num_experts=8,
-                   moe_grouped_gemm=True, first_k_dense_replace=1)
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            reference = make_all_moe_folder(tmp)
+            make_mcore("qwen3_moe", TrainingQwen3MoeForCausalLM, Qwen3MoeConfig, ("ckpt",), source=tmp,
+                       reference=reference, num_experts=8, moe_grouped_gemm=True)
+        make_deepseek_v3()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["legacy", "mcore"])
+    if sys.argv[1:]:
+        main(sys.argv[1:])
+    else:           # MindFormers' context (use_legacy) is set once per process: one process per scheme
+        import subprocess
+        for part in ("legacy", "mcore"):
+            subprocess.run([sys.executable, os.path.abspath(__file__), part], check=True)
