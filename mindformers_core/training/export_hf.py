@@ -84,7 +84,7 @@ def export_checkpoint(cfg: Config, checkpoint: str, output: str, step="latest", 
         raise ConfigError([f"model.arch.type = {spec.name!r}: this family has no Hugging Face name table, so it "
                            "cannot be exported as a Hugging Face folder"])
     root, step_found = resolve_checkpoint(checkpoint, "checkpoint")
-    if root in ("file", "hf"):
+    if root in ("file", "hf", "mf"):
         raise ConfigError([f"checkpoint = {checkpoint!r}: give a trainer checkpoint directory (or a step_<k> in it)"])
     step = step_found if step == "latest" else step
     try:

@@ -46,7 +46,7 @@ def _varint(f: BinaryIO, where: str) -> int:
             return result
         shift += 7
         if shift > 63:
-            raise ValueError(f"{where}: a varint longer than 10 bytes")
+            raise _bad(where, f"byte {f.tell()}: a varint longer than 10 bytes")
 
 
 def _bad(path: str, what: str) -> FolderError:
@@ -118,6 +118,8 @@ def read_ckpt_index(path: str) -> Dict[str, CkptTensorInfo]:
                 f.seek(end)
             except EOFError:
                 raise _bad(path, f"byte {start}: the file ends inside an entry (truncated)") from None
+            except UnicodeDecodeError:
+                raise _bad(path, f"byte {start}: a tensor name that is not UTF-8") from None
             if tag is None or info is None:
                 continue
             dims, ttype, offset, nbytes = info

@@ -131,14 +131,26 @@ def _iteration_dir(path: str) -> Optional[str]:
 
 
 def is_mindformers_dir(path: str) -> bool:
-    """A folder :func:`open_checkpoint` reads (an index without config.json, or a MindFormers 2.x iteration)."""
-    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
+    """A folder :func:`open_checkpoint` reads: an index without config.json, or a MindFormers 2.x root whose
+    tracker names an existing ``iteration_<8 digits>/`` (our own roots share the tracker's name but hold
+    ``step_<k>/``), or such an iteration folder, with a ``model-*.safetensors`` file. Never raises."""
+    try:
+        if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
+            return False
+        if any(os.path.isfile(os.path.join(path, f)) for f in INDEX_FILES):
+            return True
+        it = None
+        tracker = os.path.join(path, TRACKER)
+        if os.path.isfile(tracker):
+            with open(tracker, encoding="utf-8") as f:
+                text = f.read().strip()
+            if text.isdigit() and os.path.isdir(os.path.join(path, f"iteration_{int(text):08d}")):
+                it = os.path.join(path, f"iteration_{int(text):08d}")
+        elif ITERATION.match(os.path.basename(os.path.normpath(path))):
+            it = path
+        return it is not None and any(MODEL_FILE.match(f) for f in os.listdir(it))
+    except OSError:
         return False
-    if any(os.path.isfile(os.path.join(path, f)) for f in INDEX_FILES):
-        return True
-    it = _iteration_dir(path) if (os.path.isfile(os.path.join(path, TRACKER))
-                                  or ITERATION.match(os.path.basename(os.path.normpath(path)))) else None
-    return it is not None and any(MODEL_FILE.match(f) for f in os.listdir(it))
 
 
 def open_checkpoint(path: str) -> MFCheckpoint:

@@ -161,6 +161,12 @@ class MFAdapter(StateDictAdapter):
 
     scheme: str = MCORE
 
+    def _ours(self, name: str):
+        try:
+            return super()._ours(name)
+        except KeyError:
+            raise KeyError(f"no MindFormers name for parameter {name!r} in the {self.scheme} table") from None
+
     def ours_of_hf(self, hf: str) -> Optional[str]:
         if IGNORED.search(hf):
             return None
@@ -179,15 +185,16 @@ class MFAdapter(StateDictAdapter):
                 elif tuple(out[target].shape) != tuple(shape):
                     raise ValueError(f"{name} of shape {array.shape} does not fit {target} {out[target].shape}")
                 rule.place(fields, array, out[target])
-                filled.setdefault(target, []).append(name)
+                filled.setdefault(target, []).append(rule.part)
             else:
                 out.update(rule.to_hf(fields, array))
-        for target, names in filled.items():      # every part of a fused tensor must be there
-            parts = [r for r in self.rules if hasattr(r, "place") and r.match_hf(target) is not None]
-            if len(names) != len(parts):
-                wanted = [r.ours(r.match_hf(target)) for r in parts]
-                missing = [w for w in wanted if w not in names]
-                raise KeyError(f"MindFormers tensor {target!r} fuses {wanted}; the state has no {missing}")
+        for target, parts in filled.items():      # every part of a fused tensor must be there (once)
+            rules = [r for r in self.rules if hasattr(r, "place") and r.match_hf(target) is not None]
+            missing = [r.ours(r.match_hf(target)) for r in rules if r.part not in parts]
+            if missing or len(parts) != len(set(parts)):
+                raise KeyError(f"MindFormers tensor {target!r} fuses "
+                               f"{[r.ours(r.match_hf(target)) for r in rules]}; the state gives parts {sorted(parts)}"
+                               f"{f', not {missing}' if missing else ''}")
         return out
 
 
