@@ -32,7 +32,7 @@ from mindformers_core.models.mindformers.ckpt import read_ckpt_index, write_ckpt
 from mindformers_core.models.mindformers.export import write_checkpoint
 from mindformers_core.models.mindformers.files import open_checkpoint
 from mindformers_core.models.mindformers.load import load_mindformers, mindformers_weights
-from mindformers_core.models.mindformers.names import Layout, adapter_for, detect_scheme, mcore_adapter, Heads
+from mindformers_core.models.mindformers.names import FusedLayout, adapter_for, detect_scheme, mcore_adapter, Heads
 from tests.msrun_batch import job
 from tests.test_hf_msrun import argv, hf_yaml
 from tests.test_trainer import config_of, records
@@ -187,7 +187,7 @@ def test_the_fused_layouts_are_the_ones_mindformers_describes():
                           axis=1).reshape(-1, h)
     assert np.array_equal(qkv, want)
     assert np.array_equal(fc1[0::2], gate.T) and np.array_equal(fc1[1::2], up.T)
-    flat = mcore_adapter(Heads.of(C), Layout(contiguous_qkv=True, interleaved_mlp=False)).to_hf(state)
+    flat = mcore_adapter(Heads.of(C), FusedLayout(contiguous_qkv=True, interleaved_mlp=False)).to_hf(state)
     assert np.array_equal(flat["decoder.layers.0.self_attention.linear_qkv.weight"], np.concatenate([q.T, k.T, v.T]))
     assert np.array_equal(flat["decoder.layers.0.mlp.linear_fc1.weight"], np.concatenate([gate.T, up.T]))
 

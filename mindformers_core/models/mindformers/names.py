@@ -119,14 +119,14 @@ EXPERTS = {   # ours -> (MindFormers, part, parts)
 
 
 @dataclass(frozen=True)
-class Layout:
+class FusedLayout:
     """The fused layouts a model config gives (MindFormers' keys; see the module doc)."""
     contiguous_qkv: bool = False
     interleaved_mlp: bool = True
     mla_qkv_concat: bool = True
 
     @classmethod
-    def of(cls, model_config: Optional[Mapping]) -> "Layout":
+    def of(cls, model_config: Optional[Mapping]) -> "FusedLayout":
         mc = dict(model_config or {})
         get = lambda k: bool(mc[k]) if mc.get(k) is not None else LAYOUT_KEYS[k]   # noqa: E731
         return cls(get("use_contiguous_weight_layout_attention"), get("use_interleaved_weight_layout_mlp"),
@@ -235,7 +235,7 @@ def legacy_adapter(heads: Heads, qkv_fused: bool = False, ffn_fused: bool = Fals
     return _named(rules, LEGACY, {"lm_head.weight": "model.tok_embeddings.embedding_weight"})
 
 
-def mcore_adapter(heads: Heads, layout: Layout = Layout()) -> MFAdapter:
+def mcore_adapter(heads: Heads, layout: FusedLayout = FusedLayout()) -> MFAdapter:
     """The mcore table: dense or MoE layers, GQA attention (with q/k norms) or multi-latent attention."""
     L = "decoder.layers.{i}."
     rules: List[Rule] = [NameRule(o, m, t) for o, (m, t) in MCORE_TOP.items()]
@@ -304,12 +304,12 @@ def adapter_for(model_type: Optional[str], config, names: Optional[Iterable[str]
         if not names:
             qkv = ffn = bool((model_config or {}).get("qkv_concat", False))
         return legacy_adapter(heads, qkv, ffn)
-    layout = Layout.of(model_config)
+    layout = FusedLayout.of(model_config)
     if heads.q_width and names:
         concat = any(".self_attention.linear_kvb." in n for n in names)
-        layout = Layout(layout.contiguous_qkv, layout.interleaved_mlp, concat)
+        layout = FusedLayout(layout.contiguous_qkv, layout.interleaved_mlp, concat)
     return mcore_adapter(heads, layout)
 
 
-__all__ = ["LEGACY", "MCORE", "SCHEMES", "DEFAULT_SCHEME", "LAYOUT_KEYS", "Layout", "Heads", "MFAdapter",
+__all__ = ["LEGACY", "MCORE", "SCHEMES", "DEFAULT_SCHEME", "LAYOUT_KEYS", "FusedLayout", "Heads", "MFAdapter",
            "legacy_adapter", "mcore_adapter", "detect_scheme", "scheme_problem", "adapter_for", "IGNORED"]

@@ -25,7 +25,7 @@ as ``models/state_dict.py``'s rules do, so a rank of a parallel job reads only w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -202,14 +202,6 @@ class ExpertsRule(Rule):
         for k in range(e0, e1):
             read_into(reader, name, (slice(k * a + a0, k * a + a1), cols), False, out[k - e0])
         return out
-
-
-def placing_rules(rules: Sequence[Rule]) -> List[Rule]:
-    return [r for r in rules if isinstance(r, (FusedRule, ExpertsRule))]
-
-
-def fused_shape(rule: Rule, fields: Mapping[str, int], shape: Tuple[int, ...]) -> Dict[str, Tuple[int, ...]]:
-    return rule.hf_shapes(fields, shape)
 
 
 __all__ = ["FusedRule", "ExpertsRule"]
