@@ -379,3 +379,34 @@ def test_export_mf_dir_and_the_export_command(tmp_path, capsys):
     assert "exists" in capsys.readouterr().err
     assert run_mindformer.main(argv(config, tmp_path / "again", *extra, "--export_mf_dir", live)) == 2
     assert "--export_mf_dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("run_bytes", [0, 1 << 40])      # one run per group / blocks of whole groups
+def test_fused_and_stacked_regions_read_only_their_rows(run_bytes, monkeypatch):
+    """Any region of ours (a tensor-parallel or expert-parallel rank's) read from a fused / stacked MindFormers
+    tensor equals that region of the whole tensor; reads touch only the rows the region needs."""
+    from mindformers_core.models.mindformers import rules
+    monkeypatch.setattr(rules, "SMALL_RUN_BYTES", run_bytes)
+    rng = np.random.default_rng(1)
+    h, hd, groups, rep = 6, 2, 4, 3
+    mf = rng.normal(size=(groups * (rep + 2) * hd, h)).astype(np.float32)
+    touched = []
+
+    def reader(name, slices):
+        touched.append(slices[0])
+        return mf[slices]
+    sizes = (rep * hd, hd, hd)
+    for part, width in ((0, groups * rep * hd), (1, groups * hd), (2, groups * hd)):
+        rule = rules.FusedRule("ours", "mf", part, sizes, 3)
+        whole = rule.from_hf({}, [mf])
+        for region in (((0, h), (0, width)), ((1, 5), (width // 2, width)), ((0, h), (1, width - 1))):
+            touched.clear()
+            got = rule.read({}, (h, width), region, reader, out=np.empty([b - a for a, b in region], np.float32))
+            assert np.array_equal(got, whole[region[0][0]:region[0][1], region[1][0]:region[1][1]])
+            if run_bytes == 0 and region[1] == (width // 2, width):     # the upper groups' rows only
+                assert min(s.start for s in touched) >= (groups // 2) * sum(sizes)
+    experts = rng.normal(size=(5 * h, 2 * 4)).astype(np.float32)            # E=5, (E*h, 2f), f=4
+    up = rules.ExpertsRule("w_up", "w1", 1, 2)
+    want = experts.reshape(5, h, 8)[:, :, 4:]
+    got = up.read({}, (5, h, 4), ((2, 4), (0, h), (1, 3)), lambda n, s: experts[s])
+    assert np.array_equal(got, want[2:4, :, 1:3])

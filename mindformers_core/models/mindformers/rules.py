@@ -92,15 +92,11 @@ class FusedRule(Rule):
 
     def from_hf(self, fields, arrays):
         full = np.asarray(arrays[0])
-        width = None
-        # our width from the fused tensor: the part's share of every group
-        if self.sizes is None:
+        if self.sizes is None:                 # equal parts: our width is the part's share
             width = full.shape[0] // self.nparts
-            shape = (full.shape[1], width) if self.transpose else (width,)
-        else:
-            groups = full.shape[0] // sum(self.sizes)
-            width = groups * self.sizes[self.part]
-            shape = (full.shape[1], width) if self.transpose else (width,)
+        else:                                  # whole groups of sum(sizes) rows: ours is one part of each
+            width = full.shape[0] // sum(self.sizes) * self.sizes[self.part]
+        shape = (full.shape[1], width) if self.transpose else (width,)
         return self.read(fields, shape, tuple((0, n) for n in shape), lambda n, s: full[s])
 
     def place(self, fields, array: np.ndarray, target: np.ndarray) -> None:
