@@ -187,6 +187,10 @@ def test_the_fused_layouts_are_the_ones_mindformers_describes():
                           axis=1).reshape(-1, h)
     assert np.array_equal(qkv, want)
     assert np.array_equal(fc1[0::2], gate.T) and np.array_equal(fc1[1::2], up.T)
+    assert FusedLayout.of(None) == FusedLayout(False, True, True)                   # MindFormers 2.1.0's defaults
+    assert FusedLayout.of({"use_contiguous_weight_layout": True}).contiguous_qkv     # the earlier mcore key
+    assert not FusedLayout.of({"use_contiguous_weight_layout": True,
+                               "use_contiguous_weight_layout_attention": False}).contiguous_qkv
     flat = mcore_adapter(Heads.of(C), FusedLayout(contiguous_qkv=True, interleaved_mlp=False)).to_hf(state)
     assert np.array_equal(flat["decoder.layers.0.self_attention.linear_qkv.weight"], np.concatenate([q.T, k.T, v.T]))
     assert np.array_equal(flat["decoder.layers.0.mlp.linear_fc1.weight"], np.concatenate([gate.T, up.T]))

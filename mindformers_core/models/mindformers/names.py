@@ -50,6 +50,9 @@ DEFAULT_SCHEME = {"llama": LEGACY, "qwen2": LEGACY, "qwen3": MCORE, "qwen3_moe":
 LAYOUT_KEYS = {"use_contiguous_weight_layout_attention": False, "use_interleaved_weight_layout_mlp": True,
                "mla_qkv_concat": True, "qkv_concat": False}
 
+# the earlier mcore models' single q/k/v layout key (mindspore-lab/mindformers before 2.1.0: default True, contiguous)
+OLD_QKV_KEY = "use_contiguous_weight_layout"
+
 # names in a MindFormers checkpoint that are not model weights (optimizer state, counters, loss scale)
 IGNORED = re.compile(r"^(adam_m|adam_v|accu_grads|moment1|moment2|exp_avg|exp_avg_sq)\.|"
                      r"^(global_step|learning_rate|scale_sense|epoch_num|step_num|loss_scale|current_iterator_step|"
@@ -127,10 +130,14 @@ class FusedLayout:
 
     @classmethod
     def of(cls, model_config: Optional[Mapping]) -> "FusedLayout":
+        """From MindFormers' keys; ``use_contiguous_weight_layout`` (the single key of the earlier mcore models,
+        default True there: contiguous q/k/v) is read when the 2.1.0 key is absent."""
         mc = dict(model_config or {})
         get = lambda k: bool(mc[k]) if mc.get(k) is not None else LAYOUT_KEYS[k]   # noqa: E731
-        return cls(get("use_contiguous_weight_layout_attention"), get("use_interleaved_weight_layout_mlp"),
-                   get("mla_qkv_concat"))
+        contiguous = get("use_contiguous_weight_layout_attention")
+        if mc.get("use_contiguous_weight_layout_attention") is None and mc.get(OLD_QKV_KEY) is not None:
+            contiguous = bool(mc[OLD_QKV_KEY])
+        return cls(contiguous, get("use_interleaved_weight_layout_mlp"), get("mla_qkv_concat"))
 
 
 @dataclass(frozen=True)
