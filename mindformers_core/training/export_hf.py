@@ -129,6 +129,10 @@ def lora_base_state(cfg: Config, adapter) -> dict:
     if source is None:
         raise ConfigError(["LoRA export: no base weights (give pretrained_model_dir or load_checkpoint)"])
     root, step = resolve_checkpoint(source)
+    if root == "mf":
+        raise ConfigError([f"LoRA export: the base weights are a MindFormers checkpoint ({source}); merging adapters "
+                           "onto it is not supported: give the base as pretrained_model_dir (a Hugging Face folder) "
+                           "or a checkpoint of this trainer"])
     if root == "hf":
         from ..models.hf.folder import open_folder
         folder = open_folder(step)
