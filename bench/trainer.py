@@ -502,8 +502,8 @@ def run_mindformers(python, steps, warmup, timeout=900):
     cpu = {"steps": steps - warmup, "wall_s": max(out["wall_s"].values()),
            "cpu_s_per_step": {r: c / (steps - warmup) for r, c in out["cpu_s"].items()},
            "cpu_per_wall": {r: out["cpu_s"][r] / out["wall_s"][r] for r in out["cpu_s"]}}
-    # no "losses": random ids, not the trainer rows' corpus (no parity column)
-    return {"step_times": out["step_times"], "rss": out["rss"], "traces": {}, "cpu": cpu,
+    # its losses are of random ids, not the trainer rows' corpus: its own reference only (no parity with ours)
+    return {"step_times": out["step_times"], "losses": out["losses"], "rss": out["rss"], "traces": {}, "cpu": cpu,
             "torch": f"mindformers {out['mindformers']}", "threads": out["threads"]}
 TORCH_HINT = ("python -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy "
               "--index-url https://download.pytorch.org/whl/cpu (a local wheel works too), then "
@@ -633,7 +633,7 @@ def summarise(name, mode, result, warmup):
 
 def print_table(rows):
     base = {r["mode"]: r["median_s"] for r in rows if r["config"] == "1proc"}
-    ref = {r["mode"]: r["losses"] for r in rows if r["config"] == "1proc"}
+    ref = {r["mode"]: r["losses"] for r in rows if r["config"] == "1proc" and r.get("losses")}
     for r in rows:   # parity: the same global batch gives the same losses as one process
         if r.get("losses") and r["mode"] in ref and r["config"] not in ("1proc", "1proc_noclip"):
             r["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref[r["mode"]]))
