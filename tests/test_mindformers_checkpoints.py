@@ -322,8 +322,11 @@ def tp2_logits(configs):
 @functools.lru_cache(maxsize=None)
 def tp2_plan():
     base = tempfile.mkdtemp(prefix="mf_tp2_")
-    return {case: (*mf_yaml(base, case)[:1], os.path.join(base, case, "out"), mf_yaml(base, case)[1])
-            for case in TP2_CASES}
+    plan = {}
+    for case in TP2_CASES:
+        config, extra = mf_yaml(base, case)
+        plan[case] = (config, os.path.join(base, case, "out"), extra)
+    return plan
 
 
 TWO = job("mindformers_tp2", 2, "tests.test_mindformers_checkpoints:tp2_logits", lambda: {"configs": tp2_plan()},
@@ -374,7 +377,7 @@ def test_export_mf_dir_and_the_export_command(tmp_path, capsys):
     adapter = adapter_for("qwen3", model.config, ckpt.tensors)
     with mindformers_weights(ckpt, adapter, {n: w.shape for n, w in weights.items()}) as values:
         assert all(np.array_equal(values[n], w) for n, w in weights.items())
-    # the command: legacy names for a llama-family config as a .ckpt file; refused: an existing folder
+    # the command: one .ckpt file in mcore names (the same tensors); refused: an existing folder, before training
     target = tmp_path / "cmd.ckpt"
     assert export_main(["--config", config, "--checkpoint", str(out / "checkpoint"), "--output", str(target),
                         "--scheme", "mcore"]) == 0
