@@ -828,6 +828,9 @@ def print_peer(comparison):
             cpu = f", cpu {v['cpu_s_per_step']:.2f} s" if v["cpu_s_per_step"] else ""
             parts.append(f"{mode} {v['ratio']:.2f}x [{v['ratio_min']:.2f}-{v['ratio_max']:.2f}] "
                          f"{v['median_s']:.3f} s{cpu}")
+        if item.get("peer") == MF_PEER:        # one row: its step time against ours is the comparison
+            parts += [f"mindformers / ours {mode} {item['torch']['median_s'] / v['median_s']:.2f}x"
+                      for mode, v in sorted(item["ours"].items())]
         print(f"{item['config']:<6} " + "  |  ".join(parts))
 
 
