@@ -39,6 +39,11 @@ unrecorded. Writes bench/results/trainer.json (or ``--out``).
                             [--steps 10] [--warmup 2] [--threads N] [--no-trace] [--repeats 3]
                             [--peer torch --peer-python /path/to/torch-venv/bin/python]
 
+``--peer mindformers`` runs MindFormers 2.1.0's own legacy Llama (its ``LlamaForCausalLM`` blocks, its
+``ClipGradNorm`` and ``AdamW``, one ``ms.jit`` step; bench/mindformers_peer.py, under ``--peer-python`` or
+$MFC_MINDFORMERS_PYTHON: the venv of scripts/make_mindformers_fixtures.py) right after our ``1proc`` row of the
+first mode, as a row of mode ``mindformers`` in the same table (random ids: no parity column).
+
 ``--peer torch`` runs PyTorch's equivalents of the ``1proc``, ``dp2``, ``tp2`` and ``pp2`` rows
 (bench/torch_peer.py: one process, DDP, DTensor tensor parallel, ``torch.distributed.pipelining``
 1F1B with 4 microbatches; the same Llama, sizes, AdamW and clipping) right after ours in every
@@ -462,6 +467,44 @@ def run_plain(mode, steps, threads, timeout=900, clip=False):
 # ---- the PyTorch peer (bench/torch_peer.py under another interpreter) --------------------------------
 PEER = "torch"              # the mode of the peer's rows (config names are ours: 1proc, dp2, tp2, pp2)
 PEER_ROWS = ("1proc", "dp2", "tp2", "pp2")
+MF_PEER = "mindformers"     # MindFormers 2.1.0's legacy Llama blocks under ms.jit (bench/mindformers_peer.py): 1proc
+PEERS = {PEER: PEER_ROWS, MF_PEER: ("1proc",)}
+MF_HINT = ("the venv of scripts/make_mindformers_fixtures.py (mindformers 2.1.0 + mindspore 2.10.0), then "
+           "--peer-python /work/mfvenv/bin/python or MFC_MINDFORMERS_PYTHON; mindformers never goes into the "
+           "project's own venv")
+
+
+def mindformers_python(given=None):
+    """The interpreter for the MindFormers peer: ``given`` (--peer-python) or $MFC_MINDFORMERS_PYTHON, checked
+    with ``import mindformers``; SystemExit naming what to install when there is none."""
+    py = given or os.environ.get("MFC_MINDFORMERS_PYTHON")
+    if py:
+        ok = subprocess.run([py, "-c", "import mindformers"], capture_output=True, text=True,
+                            env=dict(os.environ, LOCAL_DEFAULT_PATH=tempfile.gettempdir()))
+        if ok.returncode == 0:
+            return py
+    raise SystemExit(f"bench/trainer.py --peer mindformers: no interpreter where 'import mindformers' works (tried "
+                     f"{py!r}); make {MF_HINT}")
+
+
+def run_mindformers(python, steps, warmup, timeout=900):
+    """The MindFormers row: bench/mindformers_peer.py (same sizes as ours, one process, graph mode)."""
+    argv = [python, os.path.join(ROOT, "bench", "mindformers_peer.py"), "--steps", str(steps), "--warmup",
+            str(warmup), "--hidden", str(HIDDEN), "--layers", str(LAYERS), "--heads", str(HEADS), "--ffn", str(FFN),
+            "--seq", str(SEQ), "--vocab", str(VOCAB), "--batch", str(GLOBAL_BATCH)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="mf_peer_"))
+    proc = subprocess.run(argv, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True, timeout=timeout)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("MF_RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"mindformers peer: exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-4000:]}")
+    out = json.loads(line[len("MF_RESULT "):])
+    cpu = {"steps": steps - warmup, "wall_s": max(out["wall_s"].values()),
+           "cpu_s_per_step": {r: c / (steps - warmup) for r, c in out["cpu_s"].items()},
+           "cpu_per_wall": {r: out["cpu_s"][r] / out["wall_s"][r] for r in out["cpu_s"]}}
+    # its losses are of random ids, not the trainer rows' corpus: its own reference only (no parity with ours)
+    return {"step_times": out["step_times"], "losses": out["losses"], "rss": out["rss"], "traces": {}, "cpu": cpu,
+            "torch": f"mindformers {out['mindformers']}", "threads": out["threads"]}
 TORCH_HINT = ("python -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy "
               "--index-url https://download.pytorch.org/whl/cpu (a local wheel works too), then "
               "--peer-python /tmp/torchvenv/bin/python; torch never goes into the project's own venv")
@@ -590,7 +633,7 @@ def summarise(name, mode, result, warmup):
 
 def print_table(rows):
     base = {r["mode"]: r["median_s"] for r in rows if r["config"] == "1proc"}
-    ref = {r["mode"]: r["losses"] for r in rows if r["config"] == "1proc"}
+    ref = {r["mode"]: r["losses"] for r in rows if r["config"] == "1proc" and r.get("losses")}
     for r in rows:   # parity: the same global batch gives the same losses as one process
         if r.get("losses") and r["mode"] in ref and r["config"] not in ("1proc", "1proc_noclip"):
             r["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref[r["mode"]]))
@@ -749,19 +792,21 @@ def print_summary(summary):
 
 
 def peer_comparison(summary):
-    """Per row of the peer: our ratio to one process (each mode) next to PyTorch's, and the CPU
-    seconds per step summed over the processes: [{config, ours: {mode: ...}, torch: ...}]."""
+    """Per row of a peer: our ratio to one process (each mode) next to the peer's (PyTorch's; MindFormers' on
+    its one row), and the CPU seconds per step summed over the processes:
+    [{config, peer, ours: {mode: ...}, torch: ...}] (``torch``: the peer's view, whichever peer)."""
     out = []
-    for name in PEER_ROWS:
-        theirs = next((r for r in summary if r["config"] == name and r["mode"] == PEER), None)
-        if theirs is None:
-            continue
-        item = {"config": name, "ours": {}}
-        for r in summary:
-            if r["config"] == name and r["mode"] != PEER:
-                item["ours"][r["mode"]] = _ratio_view(r)
-        item["torch"] = _ratio_view(theirs)
-        out.append(item)
+    for peer, names in PEERS.items():
+        for name in names:
+            theirs = next((r for r in summary if r["config"] == name and r["mode"] == peer), None)
+            if theirs is None:
+                continue
+            item = {"config": name, "peer": peer, "ours": {}}
+            for r in summary:
+                if r["config"] == name and r["mode"] not in PEERS:
+                    item["ours"][r["mode"]] = _ratio_view(r)
+            item["torch"] = _ratio_view(theirs)
+            out.append(item)
     return out
 
 
@@ -775,14 +820,17 @@ def print_peer(comparison):
     if not comparison:
         return
     print()
-    print("ours vs PyTorch (bench/torch_peer.py), ratio to one process of the same run [min-max over repeats], "
-          "s/step, CPU s per step summed over the processes")
+    print("ours vs the peers (PyTorch: bench/torch_peer.py; MindFormers 2.1.0's legacy Llama: bench/mindformers_peer.py), "
+          "ratio to one process of the same run [min-max over repeats], s/step, CPU s per step summed over the processes")
     for item in comparison:
         parts = []
-        for mode, v in sorted(item["ours"].items()) + [(PEER, item["torch"])]:
+        for mode, v in sorted(item["ours"].items()) + [(item.get("peer", PEER), item["torch"])]:
             cpu = f", cpu {v['cpu_s_per_step']:.2f} s" if v["cpu_s_per_step"] else ""
             parts.append(f"{mode} {v['ratio']:.2f}x [{v['ratio_min']:.2f}-{v['ratio_max']:.2f}] "
                          f"{v['median_s']:.3f} s{cpu}")
+        if item.get("peer") == MF_PEER:        # one row: its step time against ours is the comparison
+            parts += [f"mindformers / ours {mode} {item['torch']['median_s'] / v['median_s']:.2f}x"
+                      for mode, v in sorted(item["ours"].items())]
         print(f"{item['config']:<6} " + "  |  ".join(parts))
 
 
@@ -824,8 +872,9 @@ def main():
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "trainer.json"))
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="summarise earlier runs' JSON files together (writes --out)")
-    parser.add_argument("--peer", choices=[PEER], default=None,
+    parser.add_argument("--peer", choices=[PEER, MF_PEER], default=None,
                         help="also run PyTorch's equivalents of the 1proc, dp2, tp2 and pp2 rows (bench/torch_peer.py), "
+                             "or MindFormers 2.1.0's legacy Llama as a 1proc row (bench/mindformers_peer.py), "
                              "interleaved with ours, under --peer-python")
     parser.add_argument("--peer-python", default=None,
                         help="interpreter with torch for --peer torch (default: $MFC_TORCH_PYTHON, else python/python3 "
@@ -843,7 +892,11 @@ def main():
         parser.error(f"--steps={args.steps} must exceed --warmup={args.warmup}")
     if args.threads not in ("default", "auto") and not (args.threads.isdigit() and int(args.threads) > 0):
         parser.error(f"--threads={args.threads!r}: a positive integer or default")
-    peer_python = torch_python(args.peer_python) if args.peer else None
+    peer_python = None
+    if args.peer == PEER:
+        peer_python = torch_python(args.peer_python)
+    elif args.peer == MF_PEER:
+        peer_python = mindformers_python(args.peer_python)
     paths = assets(args.assets)
     rows = []
     for repeat in range(args.repeats):
@@ -868,13 +921,16 @@ def main():
                 print(f"# {name} {mode} run {repeat + 1}/{args.repeats}: {time.time() - start:.0f} s wall, "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)
                 # the peer's row right after ours (once per repeat: torch has no jit/PyNative modes)
-                if peer_python and name in PEER_ROWS and mode == args.modes[0]:
+                if peer_python and name in PEERS[args.peer] and mode == args.modes[0]:
                     start = time.time()
-                    result = run_torch(peer_python, name, args.steps, args.warmup, threads)
-                    rows.append(summarise(name, PEER, result, args.warmup))
+                    if args.peer == MF_PEER:
+                        result = run_mindformers(peer_python, args.steps, args.warmup)
+                    else:
+                        result = run_torch(peer_python, name, args.steps, args.warmup, threads)
+                    rows.append(summarise(name, args.peer, result, args.warmup))
                     rows[-1]["repeat"] = repeat
                     rows[-1]["load_average"] = os.getloadavg()[0]
-                    print(f"# {name} torch {result['torch']} run {repeat + 1}/{args.repeats}: "
+                    print(f"# {name} {args.peer} {result['torch']} run {repeat + 1}/{args.repeats}: "
                           f"{time.time() - start:.0f} s wall, load average {os.getloadavg()[0]:.1f}", flush=True)
     print()
     print(f"Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, FFN {FFN}, seq {SEQ}, vocab {VOCAB}, global batch "

@@ -109,6 +109,9 @@ def parse(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[Tuple[str, str]
                          "(default: runner_config.heartbeat_timeout)")
     ap.add_argument("--export_hf_dir", default=None,
                     help="after training, write the model as a Hugging Face folder here (must not exist)")
+    ap.add_argument("--export_mf_dir", default=None,
+                    help="after training, write the model as a MindFormers checkpoint here (its unified folder: "
+                         "part*.safetensors + param_name_map.json; must not exist)")
     ap.add_argument("--check_config", action="store_true",
                     help="print the resolved config and the parallel plan, then exit 0 (valid) or 2")
     ap.add_argument("--worker_num", default=None, type=int,

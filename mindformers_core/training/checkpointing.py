@@ -73,9 +73,20 @@ def lora_checkpoint_args(cfg, chunks) -> Dict[str, Any]:
     return {"frozen": frozen, "base_source": lora_base_source(cfg)}
 
 
-def _saved_names(root: str, step, adapter=None) -> set:
+def _saved_names(root: str, step, adapter=None, candidates=()) -> set:
     """Names of the parameters a checkpoint step (or a single file, ``root == "file"``, or a Hugging Face
-    folder, ``root == "hf"``, read through the family's ``adapter``) holds."""
+    folder, ``root == "hf"``, read through the family's ``adapter``; or a MindFormers checkpoint, ``root == "mf"``,
+    ``adapter`` = (the opened checkpoint, its table): which of ``candidates``) holds."""
+    if root == "mf":         # a fused MindFormers tensor holds several of ours: every source present
+        held = set(adapter[0].tensors)
+        out = set()
+        for name in candidates:
+            try:
+                if set(adapter[1].hf_names(name)) <= held:
+                    out.add(name)
+            except KeyError:
+                pass
+        return out
     if root == "hf":
         from ..models.hf.folder import open_folder
         names = set()
@@ -118,13 +129,16 @@ class Checkpointer:
                  optimizer=None, wrapped=None, data=None, keep: Optional[int] = None,
                  log: Callable[[str], None] = print, async_save: bool = False, fallback: bool = False,
                  state_params: Sequence = (), copies: Sequence = (), hf_adapter=None, frozen: Sequence = (),
-                 base_source: Optional[str] = None):
+                 base_source: Optional[str] = None, mf_adapter=None):
         self.directory, self.rank, self.world = directory, rank, world
         # LoRA (``lora_checkpoint_args``): the frozen base weights are not saved (the adapter checkpoint is
         # small); a load takes them from the source when it holds them, else from ``base_source`` (the
         # model folder or checkpoint the run started from)
         self.frozen, self.base_source = list(frozen), base_source
         self.hf_adapter = hf_adapter    # the model family's Hugging Face name table (load_checkpoint: an HF folder)
+        # (MindFormers checkpoint) -> its MindFormers name table for this model (models.mindformers.names)
+        self.mf_adapter = mf_adapter
+        self._mf = {}                   # path -> (MFCheckpoint, its table), opened once
         # DualPipe's up copy (``BuiltModel.copies``): parameters named as the down copy of the same model
         # stage on another pipeline rank, equal to it with equal AdamW moments (the two copies take the
         # same summed gradient). Saved once (by the down copy): the checkpoint is the one-chain model's;
@@ -210,22 +224,24 @@ class Checkpointer:
             root, step = resolve_checkpoint(directory)
         else:
             root = directory
-        if self.fallback and root not in ("file", "hf"):
+        if self.fallback and root not in ("file", "hf", "mf"):
             step = self._intact_step(root, step)
         targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in self.params}
         where = f"load_checkpoint = {directory!r}"
         params, frozen = self.params, []
         if self.frozen:          # LoRA: adapters absent from the source (a base model) keep their initial values
-            saved = _saved_names(root, step, self.hf_adapter)
+            saved = self._saved(root, step)
             params = [p for p in self.params if p.name in saved]
             frozen = [p for p in self.frozen if p.name in saved]
             targets = {p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in params + frozen}
         if root == "hf":
             params, targets = self._without_absent_mtp(step, params, targets)
+        if root == "mf":
+            self._mf_adapter_of(step)
         try:
             state = []
             if self.state_params:        # checkpoints written before the expert bias was saved have none
-                saved = _saved_names(root, step, self.hf_adapter)
+                saved = self._saved(root, step)
                 state = [p for p in self.state_params if p.name in saved]
                 absent = [p.name for p in self.state_params if p.name not in saved]
                 if absent and self.rank == 0:
@@ -234,6 +250,8 @@ class Checkpointer:
                 targets.update({p.name: (tuple(global_shape_of(p)), layout_of(p)) for p in state})
             if root == "hf":
                 values = self._load_hf(step, targets)
+            elif root == "mf":
+                values = self._load_mf(step, targets)
             elif root == "file":
                 values = shard_single_file(step, targets, self.rank, strict=False)
             else:
@@ -245,8 +263,8 @@ class Checkpointer:
                 self._load_base([p for p in self.frozen if id(p) not in have])
             if not resume:
                 if self.rank == 0:
-                    self.log(f"loaded weights from {step if root == 'hf' else directory}" +
-                             ("" if root in ("file", "hf") else f" (step {step})"))
+                    self.log(f"loaded weights from {step if root in ('hf', 'mf') else directory}" +
+                             ("" if root in ("file", "hf", "mf") else f" (step {step})"))
                 return 0
             if root == "file":
                 raise ConfigError([f"{where}: a single file holds weights only; resume needs a checkpoint directory"])
@@ -301,6 +319,8 @@ class Checkpointer:
         try:
             if root == "hf":
                 values = self._load_hf(step, targets)
+            elif root == "mf":
+                values = self._load_mf(step, targets)
             elif root == "file":
                 values = shard_single_file(step, targets, self.rank, strict=False)
             else:
@@ -337,6 +357,50 @@ class Checkpointer:
             extra = unused_tensors(folder, self.hf_adapter, list(targets))
             if extra:
                 self.log(f"WARNING: {len(extra)} tensor(s) of {folder_path} are not used by the model "
+                         f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}): does the config describe "
+                         "fewer layers or parts than the weights hold?")
+        return values
+
+    def _saved(self, root: str, step) -> set:
+        if root == "mf":
+            names = [p.name for p in self.params + self.frozen + self.state_params]
+            return _saved_names(root, step, self._mf_adapter_of(step), names)
+        return _saved_names(root, step, self.hf_adapter)
+
+    def _mf_adapter_of(self, path: str):
+        """(the opened MindFormers checkpoint, its name table for this model); a ConfigError names a checkpoint
+        that cannot be read or whose names follow no MindFormers scheme."""
+        from ..models.hf.folder import FolderError
+        from ..models.mindformers.files import open_checkpoint
+        where = f"load_checkpoint = {path!r}"
+        if path not in self._mf:
+            if self.mf_adapter is None:
+                raise ConfigError([f"{where}: a MindFormers checkpoint, but this model family has no MindFormers "
+                                   "name table (models/mindformers/names.py: llama, qwen2, qwen3, qwen3_moe, "
+                                   "deepseek_v3)"])
+            try:
+                ckpt = open_checkpoint(path)
+                self._mf[path] = ckpt, self.mf_adapter(ckpt)
+            except (FolderError, ValueError) as e:
+                raise ConfigError([f"{where}: {e}"]) from None
+        return self._mf[path]
+
+    def _load_mf(self, path: str, targets):
+        """This rank's region of every target from a MindFormers checkpoint through its name table, as
+        ``_load_hf`` (checked now: a missing tensor or a shape the config does not give is a ConfigError naming
+        the tensor and the checkpoint; read one tensor at a time after)."""
+        from ..models.hf.folder import FolderError
+        from ..models.mindformers.load import mindformers_weights, unused
+        ckpt, adapter = self._mf_adapter_of(path)
+        dtypes = {p.name: ms.dtype_to_nptype(p.dtype) for p in self.params + self.state_params + self.frozen}
+        try:
+            values = mindformers_weights(ckpt, adapter, targets, self.rank, dtype=dtypes)
+        except FolderError as e:
+            raise ConfigError([f"load_checkpoint = {path!r}: {e}"]) from None
+        if self.rank == 0 and self.world == 1:
+            extra = unused(ckpt, adapter, list(targets))
+            if extra:
+                self.log(f"WARNING: {len(extra)} tensor(s) of {path} are not used by the model "
                          f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}): does the config describe "
                          "fewer layers or parts than the weights hold?")
         return values

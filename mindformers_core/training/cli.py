@@ -165,6 +165,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             config["overwrite_output_dir"] = True          # eval writes no loss log or checkpoint
         if args.export_hf_dir:
             _check_export(config, args.export_hf_dir)
+        if args.export_mf_dir:
+            _check_export_mf(config, args.export_mf_dir)
         try:
             trainer = Trainer(config, worker_num=worker_num)  # the trainer's checks: still no process group
         except ConfigError as e:                             # named as the file writes the keys
@@ -173,6 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             trainer.train()
             if args.export_hf_dir:
                 trainer.export_hf(args.export_hf_dir)
+            if args.export_mf_dir:
+                trainer.export_mf(args.export_mf_dir)
         elif config.run_mode == "eval":
             trainer.setup()
             if trainer.restore() == 0 and not config.load_checkpoint:
@@ -238,6 +242,25 @@ def _check_export(config, out: str) -> None:
                         "name table")
     if os.path.exists(out):
         problems.append(f"--export_hf_dir {out!r}: exists; give a new folder")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _check_export_mf(config, out: str) -> None:
+    """``--export_mf_dir``: refused before training when it cannot work (the family has no MindFormers names, the
+    folder exists)."""
+    from .config import ConfigError
+    from .export_mf import mindformers_table
+    problems = []
+    if config.run_mode not in ("train", "finetune"):
+        problems.append(f"--export_mf_dir {out!r}: exports after training; run_mode is {config.run_mode!r}")
+    else:
+        try:
+            mindformers_table(config)
+        except (ConfigError, ValueError) as e:
+            problems.append(f"--export_mf_dir {out!r}: {e}")
+    if os.path.exists(out):
+        problems.append(f"--export_mf_dir {out!r}: exists; give a new folder")
     if problems:
         raise ConfigError(problems)
 

@@ -84,7 +84,7 @@ def export_checkpoint(cfg: Config, checkpoint: str, output: str, step="latest", 
         raise ConfigError([f"model.arch.type = {spec.name!r}: this family has no Hugging Face name table, so it "
                            "cannot be exported as a Hugging Face folder"])
     root, step_found = resolve_checkpoint(checkpoint, "checkpoint")
-    if root in ("file", "hf"):
+    if root in ("file", "hf", "mf"):
         raise ConfigError([f"checkpoint = {checkpoint!r}: give a trainer checkpoint directory (or a step_<k> in it)"])
     step = step_found if step == "latest" else step
     try:
@@ -129,6 +129,10 @@ def lora_base_state(cfg: Config, adapter) -> dict:
     if source is None:
         raise ConfigError(["LoRA export: no base weights (give pretrained_model_dir or load_checkpoint)"])
     root, step = resolve_checkpoint(source)
+    if root == "mf":
+        raise ConfigError([f"LoRA export: the base weights are a MindFormers checkpoint ({source}); merging adapters "
+                           "onto it is not supported: give the base as pretrained_model_dir (a Hugging Face folder) "
+                           "or a checkpoint of this trainer"])
     if root == "hf":
         from ..models.hf.folder import open_folder
         folder = open_folder(step)

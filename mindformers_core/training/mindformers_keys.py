@@ -100,6 +100,7 @@ MODEL_NOT_APPLIED: Dict[str, str] = dict(
                             "softmax_compute_dtype", "rotary_dtype", "fp32_residual_connection",
                             "attention_softmax_in_fp32", "qkv_concat", "mlp_concat", "use_attn_mask_compression",
                             "use_eod_attn_mask_compression", "use_contiguous_weight_layout_attention",
+                            "use_interleaved_weight_layout_mlp", "use_contiguous_weight_layout",
                             "input_sliced_sig", "apply_rope_fusion", "bias_swiglu_fusion", "bias_dropout_fusion",
                             "use_prompt_flash_attention", "fine_grain_interleave", "mla_qkv_concat",
                             "apply_query_key_layer_scaling", "gated_linear_unit", "multi_query_attention",

@@ -63,19 +63,49 @@ def data_files(path: str, kind: str, section: str = "train_dataset") -> List[str
     return files
 
 
+def _mindformers(path: str, where: str) -> Tuple[str, Any]:
+    """``("mf", path)`` for a MindFormers checkpoint (checked here, before any process group: files, index,
+    headers, a name scheme MindFormers uses)."""
+    from ..models.hf.folder import FolderError
+    from ..models.mindformers.files import open_checkpoint
+    from ..models.mindformers.names import detect_scheme, scheme_problem
+    try:
+        ckpt = open_checkpoint(path)
+    except FolderError as e:
+        raise ConfigError([f"{where}: {e}"]) from None
+    if detect_scheme(ckpt.tensors) is None:
+        raise ConfigError([f"{where}: a MindFormers checkpoint? {scheme_problem(ckpt.path, list(ckpt.tensors))}"])
+    return "mf", os.path.abspath(path)
+
+
 def resolve_checkpoint(path: str, key: str = "load_checkpoint") -> Tuple[str, Any]:
     """``(root, step)`` for a checkpoint path: a root directory (``"latest"``), one of its
-    ``step_<k>`` directories, ``("file", path)`` for a safetensors file of full tensors, or
-    ``("hf", path)`` for a Hugging Face model folder (config.json + safetensors; checked here, before any
-    process group: files, index, truncation)."""
+    ``step_<k>`` directories, ``("file", path)`` for a safetensors file of full tensors, ``("hf", path)`` for
+    a Hugging Face model folder (config.json + safetensors), or ``("mf", path)`` for a MindFormers checkpoint (a
+    ``.ckpt`` file, a ``.safetensors`` file with MindFormers' names, its unified folder with
+    ``param_name_map.json``, a MindFormers 2.x ``iteration_<n>/`` folder or root); folders and files are checked
+    here, before any process group (files, index, truncation, name scheme)."""
     where = f"{key} = {path!r}"
     if os.path.isfile(path):
+        if path.endswith(".ckpt"):
+            return _mindformers(path, where)
         if not path.endswith(".safetensors"):
-            raise ConfigError([f"{where}: a file, but only .safetensors files of full tensors load directly "
-                               "(or give a checkpoint directory written by this trainer)"])
+            raise ConfigError([f"{where}: a file, but only .safetensors files (ours, or MindFormers') and MindSpore "
+                               ".ckpt files load directly (or give a checkpoint directory written by this trainer)"])
+        from ..models.hf.folder import FolderError, read_safetensors_header
+        from ..models.mindformers.names import detect_scheme
+        try:
+            names = read_safetensors_header(path, os.path.dirname(path) or ".")
+        except FolderError as e:
+            raise ConfigError([f"{where}: {e}"]) from None
+        if detect_scheme(names) is not None:
+            return _mindformers(path, where)
         return "file", path
     if not os.path.isdir(path):
         raise ConfigError([f"{where}: no such checkpoint directory or file"])
+    from ..models.mindformers.files import is_mindformers_dir
+    if is_mindformers_dir(path):
+        return _mindformers(path, where)
     m = _STEP_DIR.match(os.path.basename(os.path.normpath(path)))
     if m and os.path.isfile(os.path.join(path, METADATA)):
         return os.path.dirname(os.path.normpath(path)), int(m.group(1))
@@ -89,8 +119,13 @@ def resolve_checkpoint(path: str, key: str = "load_checkpoint") -> Tuple[str, An
             raise ConfigError([f"{where}: {e}"]) from None
         return "hf", os.path.abspath(path)
     raise ConfigError([f"{where}: not a checkpoint directory (no {TRACKER} and no step_<k>/ inside); give the "
-                       "<output_dir>/checkpoint directory, one of its step_<k> directories, or a .safetensors file"])
+                       "<output_dir>/checkpoint directory, one of its step_<k> directories, a .safetensors file, "
+                       "a Hugging Face model folder, or a MindFormers checkpoint (.ckpt / .safetensors file, its "
+                       "unified folder with param_name_map.json)"])
 
+
+# checkpoint sources that hold weights only (no optimizer or data state this trainer resumes from)
+WEIGHTS_ONLY = {"file": "a single file", "hf": "a Hugging Face model folder", "mf": "a MindFormers checkpoint"}
 
 # TransformerConfig's MoE fields as the YAML names them (the model config's errors name the file's keys)
 MOE_FIELD_KEYS = {
@@ -523,18 +558,16 @@ class _Checks:
                         raise ConfigError([f"resume_training = {resume!r}: must be True/False, a checkpoint path, "
                                            f"or a step ('step_6' or '6') of {base}"])
                     root, step = resolve_checkpoint(os.path.join(base, f"step_{m.group(1)}"), "resume_training")
-                if root in ("file", "hf"):
-                    raise ConfigError([f"resume_training = {resume!r}: " + ("a single file" if root == "file" else
-                                       "a Hugging Face model folder") + " holds weights only; resume "
-                                       "needs a checkpoint directory (optimizer and data state)"])
+                if root in WEIGHTS_ONLY:
+                    raise ConfigError([f"resume_training = {resume!r}: {WEIGHTS_ONLY[root]} holds weights only; "
+                                       "resume needs a checkpoint directory (optimizer and data state)"])
                 return root, step, True
             if cfg.load_checkpoint:
                 root, step = resolve_checkpoint(cfg.load_checkpoint)
-                if resume and root in ("file", "hf"):
-                    raise ConfigError([f"load_checkpoint = {cfg.load_checkpoint!r}: " + ("a single file" if root ==
-                                       "file" else "a Hugging Face model folder") + " holds weights only; "
-                                       "resume_training needs a checkpoint directory (load the folder with "
-                                       "resume_training: False to fine-tune from it)"])
+                if resume and root in WEIGHTS_ONLY:
+                    raise ConfigError([f"load_checkpoint = {cfg.load_checkpoint!r}: {WEIGHTS_ONLY[root]} holds "
+                                       "weights only here; resume_training needs a checkpoint directory of this "
+                                       "trainer (load it with resume_training: False to fine-tune from it)"])
                 return root, step, bool(resume) and not self.shape.predicting
             if resume:
                 own = os.path.join(self.output_dir, "checkpoint")
@@ -562,7 +595,7 @@ class _Checks:
                 errors.append(f"pretrained_model_dir = {folder!r}: no tokenizer.json in the model folder; give "
                               "train_dataset.tokenizer_file")
                 return tok
-        if not tok and self.shape.predicting and source and source[0] not in ("file", "hf"):
+        if not tok and self.shape.predicting and source and source[0] not in WEIGHTS_ONLY:
             try:
                 tok = (load_training_state(source[0], source[1]).trainer_state or {}).get("tokenizer_file")
                 key = f"the tokenizer recorded in the checkpoint {source[0]}"

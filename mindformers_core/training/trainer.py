@@ -101,7 +101,8 @@ class Trainer:
                       dp_rank=self.topology.dp_rank, keep=keep, log=self.log,
                       async_save=bool(ckpt is not None and ckpt.get("async_save")),
                       fallback=bool(cfg.get("resume_fallback_to_intact", False)),
-                      hf_adapter=get_model_spec(cfg.model.arch.type).state_dict_adapter)
+                      hf_adapter=get_model_spec(cfg.model.arch.type).state_dict_adapter,
+                      mf_adapter=self._mindformers_table)
         if shape.predicting:
             from ..data.tokenizer import build_tokenizer
             self.tokenizer = build_tokenizer(self.found.tokenizer_kind, self.tokenizer_file)
@@ -132,6 +133,13 @@ class Trainer:
             self.checkpointer.load("hf", False, step=folder)
             self._loaded_in_setup = True
         self._ready = True
+
+    def _mindformers_table(self, ckpt):
+        """The MindFormers name table for reading ``ckpt`` (an opened MindFormers checkpoint) into this model: the
+        scheme its names use, the fused layouts the YAML's model_config keys give (MindFormers' defaults)."""
+        from ..models.mindformers.load import checkpoint_adapter
+        spec = get_model_spec(self.cfg.model.arch.type)
+        return checkpoint_adapter(ckpt, spec.model_type, self.model_config, self.cfg.model.model_config.to_dict())
 
     def _hf_folder(self) -> Optional[str]:
         """The Hugging Face folder the run loads its weights from (``load_checkpoint``, not resumed), or None."""
@@ -323,6 +331,20 @@ class Trainer:
             except PeftFormatError as e:
                 self.log(f"WARNING: no PEFT adapter folder written: {e}")
         return path
+
+    def export_mf(self, out: str) -> Optional[str]:
+        """Write the trained model as a MindFormers checkpoint (collective, as :meth:`export_hf`: a checkpoint of
+        the last step is saved if there is none, then rank 0 merges it and writes ``out``)."""
+        from ..checkpoint.format import read_tracker
+        from .export_mf import export_checkpoint
+        self.checkpointer.wait()
+        if read_tracker(self.checkpoint_dir) != self.total_steps:
+            self.save(self.total_steps)
+            self.checkpointer.wait()
+        if self.rank != 0:
+            return None
+        return export_checkpoint(self.cfg, self.checkpoint_dir, out, step=self.total_steps,
+                                 model_config=self.model_config, log=self.log)
 
     # ------------------------------------------------------------------ predict
     def generate(self, ids: List[int], max_new_tokens: int = 32) -> List[int]:

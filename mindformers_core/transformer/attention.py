@@ -143,6 +143,12 @@ class DotProductAttention(nn.Cell):
         return self.mask
 
 
+# primitives with transpose flags, not ops.matmul: under jit on CPU the functional form's backward kept
+# transposed copies (measured: docs/performance.md, 'Memory of a jit training step at real size')
+_SCORES = ops.BatchMatMul(transpose_b=True)
+_CONTEXT = ops.BatchMatMul()
+
+
 def repeat_kv(k, v, repeat: int):
     """GQA: each of the g key/value heads repeated for its ``repeat`` query heads (b, g, L, d) -> (b, g*r, L, d)."""
     if repeat > 1:
@@ -154,7 +160,7 @@ def repeat_kv(k, v, repeat: int):
 def attention_probs(q, k, mask, scale: float, low_precision: bool, compute_dtype):
     """softmax(q k^T * scale + mask) over the keys, in float32 whatever the compute dtype (the one softmax
     core of ``DotProductAttention`` and the KV cache's attention, ``kv_cache.KVCache``)."""
-    scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+    scores = _SCORES(q, k)
     if low_precision:
         scores = ops.cast(scores, ms.float32)
     probs = ops.softmax(scores * scale + mask, axis=-1)
@@ -166,7 +172,7 @@ def attention_probs(q, k, mask, scale: float, low_precision: bool, compute_dtype
 def attention_context(probs, v):
     """probs (b, n, s, L) @ v (b, n, L, dv) -> (b, s, n * dv)."""
     b, s = probs.shape[0], probs.shape[2]
-    ctx = ops.matmul(probs, v)
+    ctx = _CONTEXT(probs, v)
     return ops.transpose(ctx, (0, 2, 1, 3)).reshape(b, s, -1)
 
 

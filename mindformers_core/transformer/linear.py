@@ -33,6 +33,7 @@ class _Linear(nn.Cell):
         self.has_bias = bool(bias)
         self.compute_dtype = config.ms_compute_dtype
         self.need_cast = config.params_dtype != config.compute_dtype
+        self.matmul = ops.MatMul()
 
     def sharding_attrs(self) -> dict:
         return {"transpose_b": False}
@@ -42,7 +43,7 @@ class _Linear(nn.Cell):
         if self.need_cast:
             x = ops.cast(x, self.compute_dtype)
             weight = ops.cast(weight, self.compute_dtype)
-        out = ops.matmul(x.reshape(-1, x.shape[-1]), weight)
+        out = self.matmul(x.reshape(-1, x.shape[-1]), weight)
         if self.has_bias:
             bias = self.bias
             if self.need_cast:
