@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from mindformers_core.common.batch import model_args, stack_samples
-from mindformers_core.data import HFTokenizer, SFTDataset, build_rows, load_hf_dataset
-from mindformers_core.data.handlers import alpaca_documents, alpaca_turns, chat_renderer, chat_turns
-from mindformers_core.data.hf_dataset import NoTargetTokens, feed_keys, sft_rows
+from mindformers_core.data import HFTokenizer, SFTDataset, load_hf_dataset
+from mindformers_core.data.handlers import alpaca_documents, chat_renderer, chat_turns
+from mindformers_core.data.hf_dataset import NoTargetTokens, sft_rows
 from mindformers_core.data.truncation import Turn, fit, share
-from tests.test_sft_data import ALPACA, CHAIN, COLUMNS, FOLDER, YAML, _OneRank, _log_softmax, _model, _sum
+from tests.test_sft_data import ALPACA, CHAIN, FOLDER, YAML, _OneRank, _log_softmax, _model, _sum
 from tests.test_trainer import records as logged
 
 SEQ = 128
@@ -228,15 +228,23 @@ def test_a_data_set_without_any_target_is_refused(tok, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ empty batches
+def _tiny_batch(rows=2, seq=32, vocab=320, seed=0):
+    """Random ids and labels with a random 0/1 loss_mask (row 0 keeps some tokens)."""
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((rows, seq)) > 0.5).astype(np.float32)
+    mask[0, :4] = 1
+    return {"input_ids": rng.integers(3, vocab, (rows, seq)).astype(np.int32),
+            "labels": rng.integers(3, vocab, (rows, seq)).astype(np.int32), "loss_mask": mask}
+
+
 @pytest.mark.parametrize("mode", ["pynative", "jit"])
 def test_a_mask_keeping_no_token_gives_loss_0_and_gradient_0(tok, mode):
     """The masked mean of a batch keeping no token is 0 with every gradient exactly 0 (was 0/0 = NaN); a batch
     keeping some is still NumPy's masked mean."""
     import mindspore as ms
     from mindspore import Tensor
-    docs = alpaca_documents(long_records(4), tok)
-    batch = stack_samples([{k: r[k] for k in feed_keys(COLUMNS, False)} for r in build_rows(docs, SEQ, tok.pad_token_id)])
-    m = _model(tok.vocab_size, SEQ)
+    batch = _tiny_batch()
+    m = _model(tok.vocab_size, 32)
     grad_fn = ms.value_and_grad(m, None, m.trainable_params())
     if mode == "jit":
         grad_fn = ms.jit(grad_fn)
@@ -254,10 +262,9 @@ def test_an_accumulation_micro_step_without_targets_is_weighted_0(tok):
     import mindspore as ms
     from mindspore import Tensor
     from mindformers_core.training.steps import TokenWeights, plain_step_fn
-    docs = alpaca_documents(long_records(2), tok)
-    batch = stack_samples([{k: r[k] for k in feed_keys(COLUMNS, False)} for r in build_rows(docs, 256, tok.pad_token_id)])
+    batch = _tiny_batch(seed=1)
     batch["loss_mask"][1] = 0
-    m = _model(tok.vocab_size, 256)
+    m = _model(tok.vocab_size, 32)
     args = model_args(batch, Tensor)
     grad_fn = ms.value_and_grad(m, None, m.trainable_params())
     loss_w, grads_w = plain_step_fn(grad_fn, _sum(1), 1, False, model=m)(*args)
