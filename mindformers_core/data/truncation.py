@@ -8,8 +8,9 @@ of ``seq_length`` positions takes ``seq_length + 1`` tokens):
 
 1. a record that fits is unchanged;
 2. turns after the last one holding a target are dropped (they train nothing);
-3. whole turns between a leading system turn and the last exchange (the last target turn and the turns
-   right before it that it answers) are dropped, earliest first, until the record fits;
+3. the exchanges (a question and the answers after it, whole turns) between a leading system turn and the
+   last exchange (the last target turn and the turns right before it that it answers) are dropped,
+   earliest first, until the record fits;
 4. still too long: everything before the last target piece is the prompt, that piece the response. The
    response keeps ``min(R, max(budget - P, budget // 2))`` tokens (all of it when the prompt leaves room or
    when it needs at most half the budget; else at least half), cut at its end; the prompt fills the rest and
@@ -90,10 +91,14 @@ def fit(turns: Sequence[Turn], budget: int, bos_id: Optional[int] = None) -> Tup
     while start > 0 and not turns[start - 1].has_target and turns[start - 1].role != "system":
         start -= 1
     head = 1 if turns and turns[0].role == "system" and start > 0 else 0
-    middle = list(range(head, start))
-    while middle and _size(turns) > budget:       # rule 3: earliest turns first
-        drop = middle.pop(0)
-        turns[drop] = Turn(turns[drop].role)
+    exchanges: List[List[int]] = []               # the turns between: a question and the answer(s) after it
+    for i in range(head, start):
+        if not exchanges or (not turns[i].has_target and turns[exchanges[-1][-1]].has_target):
+            exchanges.append([])
+        exchanges[-1].append(i)
+    while exchanges and _size(turns) > budget:    # rule 3: earliest exchanges first
+        for i in exchanges.pop(0):
+            turns[i] = Turn(turns[i].role)
     turns = [t for t in turns if t.pieces]
     if _size(turns) <= budget:
         ids, target = flatten(turns)
