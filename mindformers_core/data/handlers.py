@@ -6,11 +6,11 @@ A chain is a list of ``{type: NAME, ...}`` entries applied in order:
    (``seed``), ``select_columns`` (``column_names``), ``remove_columns`` (``column_names``),
    ``rename_column`` (``original_column_name``, ``new_column_name``), ``rename_columns``
    (``column_mapping``) -- the ``datasets`` methods of those names;
-2. one tokenizing handler turning each record into a document (``packing.make_document``: prompt tokens
-   masked out of the loss): ``AlpacaInstructDataHandler`` (``instruction``/``input``/``output`` columns,
-   the Alpaca prompt template) or ``ChatTemplateDataHandler`` (a ``messages`` column of
-   ``{role, content}``; the model folder's chat template, rendered with jinja2; only assistant turns are
-   targets);
+2. one tokenizing handler turning each record into a document (prompt tokens masked out of the loss):
+   ``AlpacaInstructDataHandler`` (``instruction``/``input``/``output`` columns, the Alpaca prompt template) or
+   ``ChatTemplateDataHandler`` (a ``messages`` column of ``{role, content}``; the model folder's chat
+   template, rendered with jinja2; only assistant turns are targets); a record longer than the row budget is
+   fitted by ``data/truncation.py`` (the prompt, or earlier turns, cut first: the last target is kept);
 3. optionally ``PackingHandler`` (``seq_length``, ``pack_strategy``: ``pack`` / ``truncate``).
 
 :func:`parse_handlers` checks a chain without data (named errors, before anything loads);
@@ -19,9 +19,10 @@ A chain is a list of ``{type: NAME, ...}`` entries applied in order:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .packing import PACK_STRATEGIES, Document, make_document
+from .packing import PACK_STRATEGIES, Document
+from .truncation import Turn, fit, flatten
 
 ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further "
                  "context. Write a response that appropriately completes the request.\n\n"
@@ -49,6 +50,22 @@ class Chain:
     tokenize: Optional[Dict[str, Any]] = None
     pack_strategy: Optional[str] = None
     seq_lengths: Dict[str, int] = field(default_factory=dict)      # 'handler[i].seq_length' -> value given
+    pack_seq_length: Optional[int] = None                           # PackingHandler's seq_length, if given
+
+    def budget(self, seq_length: int) -> int:
+        """Positions a document may fill: the rows' ``seq_length``, or the tokenizing handler's if shorter (or
+        PackingHandler's, with ``truncate``)."""
+        given = [self.tokenize.get("seq_length") if self.tokenize else None]
+        if self.pack_strategy == "truncate":
+            given.append(self.pack_seq_length)
+        return min([seq_length] + [v for v in given if isinstance(v, int) and not isinstance(v, bool) and v > 0])
+
+    def pack_limit(self, seq_length: int) -> Optional[int]:
+        """``pack``: documents longer than PackingHandler's ``seq_length`` are skipped, as MindFormers'
+        ``pack_examples`` skips them (None: no such limit below the document budget)."""
+        if self.pack_strategy != "pack" or self.pack_seq_length is None:
+            return None
+        return self.pack_seq_length if self.pack_seq_length < self.budget(seq_length) else None
 
 
 def parse_handlers(handlers: Any, where: str = "train_dataset.data_loader.handler") -> Chain:
@@ -99,6 +116,8 @@ def parse_handlers(handlers: Any, where: str = "train_dataset.data_loader.handle
                 problems.append(f"{at} (type {kind}): packs tokenized documents, so it comes after the "
                                 f"tokenizing handler ({', '.join(TOKENIZING)})")
             chain.pack_strategy = strategy
+            if isinstance(h.get("seq_length"), int) and not isinstance(h.get("seq_length"), bool):
+                chain.pack_seq_length = h["seq_length"]
         else:
             problems.append(f"{at}.type = {kind!r}: not a handler here; known: "
                             f"{', '.join(list(COLUMN_HANDLERS) + list(TOKENIZING) + [PACKING])}")
@@ -152,17 +171,20 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def alpaca_turns(record, tokenizer) -> List[Turn]:
+    """An Alpaca record as a prompt turn (the template, with or without ``input``, after BOS) and a response
+    turn (``output`` then EOS, the targets)."""
+    instruction, given = _text(record.get("instruction")), _text(record.get("input"))
+    prompt = (ALPACA_PROMPT.format(instruction=instruction, input=given) if given.strip()
+              else ALPACA_PROMPT_NO_INPUT.format(instruction=instruction))
+    return [Turn("user", [(tokenizer.encode(prompt, add_bos=True), 0)]),
+            Turn("assistant", [(tokenizer.encode(_text(record.get("output")), add_bos=False, add_eos=True), 1)])]
+
+
 def alpaca_documents(records, tokenizer) -> List[Document]:
-    """Alpaca records -> documents: prompt = the Alpaca template (with or without ``input``) after BOS,
-    response = ``output`` then EOS; only the response's tokens are targets."""
-    docs = []
-    for r in records:
-        instruction, given = _text(r.get("instruction")), _text(r.get("input"))
-        prompt = (ALPACA_PROMPT.format(instruction=instruction, input=given) if given.strip()
-                  else ALPACA_PROMPT_NO_INPUT.format(instruction=instruction))
-        docs.append(make_document(tokenizer.encode(prompt, add_bos=True),
-                                  tokenizer.encode(_text(r.get("output")), add_bos=False, add_eos=True)))
-    return docs
+    """Alpaca records -> documents (whole): prompt = the Alpaca template (with or without ``input``) after
+    BOS, response = ``output`` then EOS; only the response's tokens are targets."""
+    return [_document_from(*flatten(alpaca_turns(r, tokenizer))) for r in records]
 
 
 def chat_renderer(template: Optional[str], tokenizer, where: str):
@@ -194,42 +216,41 @@ def chat_renderer(template: Optional[str], tokenizer, where: str):
     return render
 
 
+def chat_turns(record, n: int, tokenizer, render, key: str, where: str) -> List[Turn]:
+    """A chat record (``messages``: ``[{role, content}, ...]``) as turns, rendered by the chat template turn
+    by turn: the text an assistant turn adds after the generation prompt is a target, every other piece
+    (system/user turns, role headers) is prompt. Each piece is encoded alone (special tokens in the text are
+    read as their ids)."""
+    messages = record.get(key)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                  for m in messages):
+        raise ValueError(f"{where}: record {n}: {key} must be a list of {{role, content}} mappings, got "
+                         f"{messages!r:.200}")
+    done = ""
+    turns: List[Turn] = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            head = render(messages[:i], add_generation_prompt=True)
+            full = render(messages[:i + 1])
+            pieces = [(head[len(done):], 0), (full[len(head):], 1)] if head.startswith(done) and \
+                full.startswith(head) else None
+        else:
+            full = render(messages[:i + 1])
+            pieces = [(full[len(done):], 0)] if full.startswith(done) else None
+        if pieces is None:
+            raise ValueError(f"{where}: record {n}: the chat template does not render the conversation "
+                             "turn by turn as a growing text; its assistant turns cannot be told apart")
+        turns.append(Turn(str(m["role"]), [(tokenizer.encode(text, add_bos=False) if text else [], t)
+                                            for text, t in pieces]))
+        done = full
+    return turns
+
+
 def chat_documents(records, tokenizer, tokenize: Dict[str, Any], where: str) -> List[Document]:
-    """Chat records (``messages``: ``[{role, content}, ...]``) -> documents. The conversation is rendered
-    by the chat template turn by turn: the text an assistant turn adds after the generation prompt is a
-    target, every other piece (system/user turns, role headers) is prompt. Each piece is encoded alone
-    (special tokens in the text are read as their ids)."""
+    """Chat records -> documents (whole); see :func:`chat_turns`."""
     key = tokenize.get("messages_key", "messages")
     render = chat_renderer(getattr(tokenizer, "chat_template", None), tokenizer, where)
-    docs = []
-    for n, r in enumerate(records):
-        messages = r.get(key)
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                                      for m in messages):
-            raise ValueError(f"{where}: record {n}: {key} must be a list of {{role, content}} mappings, got "
-                             f"{messages!r:.200}")
-        done = ""
-        ids: List[int] = []
-        target: List[int] = []
-        for i, m in enumerate(messages):
-            if m["role"] == "assistant":
-                head = render(messages[:i], add_generation_prompt=True)
-                full = render(messages[:i + 1])
-                pieces = [(head[len(done):], 0), (full[len(head):], 1)] if head.startswith(done) and \
-                    full.startswith(head) else None
-            else:
-                full = render(messages[:i + 1])
-                pieces = [(full[len(done):], 0)] if full.startswith(done) else None
-            if pieces is None:
-                raise ValueError(f"{where}: record {n}: the chat template does not render the conversation "
-                                 "turn by turn as a growing text; its assistant turns cannot be told apart")
-            for text, is_target in pieces:
-                piece = tokenizer.encode(text, add_bos=False) if text else []
-                ids += piece
-                target += [is_target] * len(piece)
-            done = full
-        docs.append(_document_from(ids, target))
-    return docs
+    return [_document_from(*flatten(chat_turns(r, n, tokenizer, render, key, where))) for n, r in enumerate(records)]
 
 
 def _document_from(ids: List[int], target: List[int]) -> Document:
@@ -240,6 +261,25 @@ def _document_from(ids: List[int], target: List[int]) -> Document:
 
 
 def tokenize_records(records, tokenizer, tokenize: Dict[str, Any], where: str) -> List[Document]:
+    """Every record as its whole document (no budget)."""
     if tokenize["type"] == "AlpacaInstructDataHandler":
         return alpaca_documents(records, tokenizer)
     return chat_documents(records, tokenizer, tokenize, where)
+
+
+def fitted_documents(records, tokenizer, tokenize: Dict[str, Any], where: str,
+                     budget: int) -> List[Tuple[Document, bool]]:
+    """Every record as a document of at most ``budget`` tokens (``data/truncation.py``: the prompt or earlier
+    turns cut first, the last target kept), with whether it was cut."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if tokenize["type"] == "AlpacaInstructDataHandler":
+        turns = (alpaca_turns(r, tokenizer) for r in records)
+    else:
+        key = tokenize.get("messages_key", "messages")
+        render = chat_renderer(getattr(tokenizer, "chat_template", None), tokenizer, where)
+        turns = (chat_turns(r, n, tokenizer, render, key, where) for n, r in enumerate(records))
+    out = []
+    for t in turns:
+        ids, target, cut = fit(t, budget, bos)
+        out.append((_document_from(ids, target), cut))
+    return out

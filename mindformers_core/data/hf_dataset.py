@@ -19,13 +19,14 @@ from __future__ import annotations
 import glob
 import json
 import os
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .dataset import SampleOrder
-from .handlers import Chain, apply_column_ops, check_columns, parse_handlers, tokenize_records
-from .packing import Row, build_rows
+from .handlers import Chain, apply_column_ops, check_columns, fitted_documents, parse_handlers
+from .packing import Document, Row, build_rows
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 LOAD_FUNCS = ("load_dataset", "load_from_disk")
@@ -160,17 +161,86 @@ def _slice_rows(split: str, n: int) -> range:
     return range(max(0, at(a, 0)), min(n, at(b, n)))
 
 
-def build_sft_rows(ds, handlers: Any, tokenizer, seq_length: int, max_documents: Optional[int] = None,
-                   where: str = "train_dataset.data_loader.handler", source: str = "the dataset") -> List[Row]:
-    """``ds`` through the handler chain: column handlers, the tokenizing handler, packing or padding.
-    Rows are ``seq_length`` tokens."""
+class NoTargetTokens(ValueError):
+    """No record of the data set keeps a target token within the rows' budget: nothing to fine-tune on."""
+
+
+NO_TARGET = "no target token within seq_length {budget}"
+TOO_LONG = "longer than PackingHandler seq_length {limit} (MindFormers' pack skips such records)"
+
+
+@dataclass
+class SFTRows:
+    """The rows of a data set and what became of its records: how many there were, how many were cut to fit
+    the budget (each keeping a target token) and which were dropped, by reason (record numbers after the
+    column handlers, 0-based)."""
+    rows: List[Row]
+    source: str
+    records: int
+    budget: int
+    cut: int = 0
+    dropped: Dict[str, List[int]] = field(default_factory=dict)
+
+    @property
+    def dropped_count(self) -> int:
+        return sum(len(v) for v in self.dropped.values())
+
+    def lines(self) -> List[str]:
+        """The start-up report: one line for the cut records, one per reason records were dropped."""
+        out = []
+        if self.cut:
+            out.append(f"{self.source}: {self.cut} of {self.records} records cut to seq_length {self.budget} "
+                       "(prompt and earlier turns first; each keeps its response's first tokens)")
+        for reason, numbers in self.dropped.items():
+            shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+            out.append(f"{self.source}: {len(numbers)} of {self.records} records dropped: {reason} "
+                       f"(records {shown})")
+        return out
+
+
+def fit_records(ds, handlers: Any, tokenizer, seq_length: int, where: str = "train_dataset.data_loader.handler",
+                source: str = "the dataset") -> Tuple[List[Document], "SFTRows"]:
+    """``ds`` through the column handlers and the tokenizing handler, each record fitted into the budget
+    (``Chain.budget``: ``seq_length`` or the tokenizing handler's shorter one; ``data/truncation.py``), records
+    without a target token (or, with ``pack``, longer than PackingHandler's ``seq_length``) dropped and counted.
+    ``NoTargetTokens`` when no record is left."""
     chain: Chain = handlers if isinstance(handlers, Chain) else parse_handlers(handlers, where)
     ds = apply_column_ops(ds, chain.column_ops, where)
     check_columns(ds.column_names, chain.tokenize, source)
-    docs = tokenize_records(ds, tokenizer, chain.tokenize, where)
-    cap = min([seq_length] + [v for v in chain.seq_lengths.values()])
-    docs = [{k: v[:cap] for k, v in d.items()} for d in docs]
-    return build_rows(docs, seq_length, int(tokenizer.pad_token_id), chain.pack_strategy, max_documents)
+    budget, limit = chain.budget(seq_length), chain.pack_limit(seq_length)
+    fitted = fitted_documents(ds, tokenizer, chain.tokenize, where, budget + 1)   # n tokens fill n - 1 positions
+    report = SFTRows([], source, len(fitted), budget)
+    docs = []
+    for n, (doc, cut) in enumerate(fitted):
+        if not doc["loss_mask"].any():
+            report.dropped.setdefault(NO_TARGET.format(budget=budget), []).append(n)
+        elif limit is not None and len(doc["input_ids"]) > limit:
+            report.dropped.setdefault(TOO_LONG.format(limit=limit), []).append(n)
+        else:
+            report.cut += cut
+            docs.append(doc)
+    if not docs:
+        reasons = "; ".join(f"{len(v)} {k}" for k, v in report.dropped.items()) or "no records"
+        raise NoTargetTokens(f"{source}: none of its {report.records} records keeps a target token ({reasons}); "
+                             f"nothing to fine-tune on: give records with a response (output / an assistant turn), "
+                             f"or a longer model.model_config.seq_length than {seq_length}")
+    return docs, report
+
+
+def sft_rows(ds, handlers: Any, tokenizer, seq_length: int, max_documents: Optional[int] = None,
+             where: str = "train_dataset.data_loader.handler", source: str = "the dataset") -> SFTRows:
+    """``ds`` through the handler chain: column handlers, the tokenizing handler (records fitted, dropped ones
+    counted: :func:`fit_records`), packing or padding. Rows are ``seq_length`` tokens."""
+    chain: Chain = handlers if isinstance(handlers, Chain) else parse_handlers(handlers, where)
+    docs, report = fit_records(ds, chain, tokenizer, seq_length, where, source)
+    report.rows = build_rows(docs, seq_length, int(tokenizer.pad_token_id), chain.pack_strategy, max_documents)
+    return report
+
+
+def build_sft_rows(ds, handlers: Any, tokenizer, seq_length: int, max_documents: Optional[int] = None,
+                   where: str = "train_dataset.data_loader.handler", source: str = "the dataset") -> List[Row]:
+    """The rows of :func:`sft_rows`."""
+    return sft_rows(ds, handlers, tokenizer, seq_length, max_documents, where, source).rows
 
 
 def feed_keys(input_columns: Optional[Sequence[str]], packed: bool) -> List[str]:
@@ -206,6 +276,24 @@ class SFTDataset(SampleOrder):
         self.rows = rows
         self.keys = list(keys)
         self._init_order(len(rows), len(rows[0]["input_ids"]), seed, shuffle, dp_rank, dp_size, drop_remainder)
+        self._orders: Dict[int, np.ndarray] = {}
+
+    def global_targets(self, start: int, count: int) -> float:
+        """Target tokens (``loss_mask`` sums) of the samples at positions ``start .. start + count - 1`` of this
+        rank's stream, summed over every data-parallel rank: each rank reads the same positions of its own
+        share, so every rank computes the same number without communication (the global batch's count)."""
+        n, dp = self.num_samples, self.dp_size
+        total = 0.0
+        for p in range(start, start + count):
+            for rank in range(dp):
+                per_epoch = n // dp if self.drop_remainder else len(range(rank, n, dp))
+                epoch, pos = divmod(p, per_epoch)
+                if epoch not in self._orders:
+                    self._orders = {epoch: (np.random.default_rng([self.seed, epoch]).permutation(n)
+                                            if self.shuffle else np.arange(n))}
+                index = int(self._orders[epoch][rank::dp][pos])
+                total += float(self.rows[index]["loss_mask"].sum())
+        return total
 
     def sample(self, index: int) -> Dict[str, np.ndarray]:
         row = self.rows[index]
@@ -222,6 +310,6 @@ def hf_sft_dataset(path, handlers, tokenizer, seq_length: int, load_func: str = 
     """The whole pipeline in one call: local data -> handler chain -> rows -> this rank's SFTDataset."""
     chain = parse_handlers(handlers)
     ds = load_hf_dataset(path, load_func, split, data_files, cache_dir)
-    rows = build_sft_rows(ds, chain, tokenizer, seq_length, max_documents, source=f"{path!r}")
+    rows = build_sft_rows(ds, chain, tokenizer, seq_length, max_documents, source=f"{path}")
     keys = feed_keys(input_columns, chain.pack_strategy is not None)
     return SFTDataset(rows, keys, seed=seed, shuffle=shuffle, dp_rank=dp_rank, dp_size=dp_size)

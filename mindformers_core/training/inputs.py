@@ -66,6 +66,16 @@ class Inputs:
                 rows.append(sample)
             yield self._cut(stack_samples(rows))
 
+    def position(self) -> int:
+        """Samples this rank has drawn (where the next local batch starts)."""
+        return int(self.data.consumed_samples)
+
+    def global_targets(self, start: int) -> Optional[float]:
+        """Target tokens of the global batch whose local part starts at ``start`` (the same number on every
+        rank, no communication: ``SFTDataset.global_targets``); None for data without a ``loss_mask``."""
+        count = getattr(self.data, "global_targets", None)
+        return None if count is None else count(start, self.local_batch)
+
     def eval_batches(self, steps: int) -> Iterator[Batch]:
         """The first ``steps`` microbatches of the held-out data: the same ones every time."""
         self.eval_data.consumed_samples = 0
@@ -90,30 +100,53 @@ def context_parallel_slice(cfg: Config, shape: JobShape, cp_rank: int) -> Option
     return lambda a: np.ascontiguousarray(np.asarray(a)[:, mine])
 
 
-def hf_data(cfg: Config, tokenizer, output_dir: str, rank: int, order: dict):
+def launch_rank() -> int:
+    """This process's rank before any process group exists (msrun's ``RANK_ID``; 0 outside msrun)."""
+    value = os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0"))
+    return int(value) if str(value).isdigit() else 0
+
+
+def hf_rows(cfg: Config, found: Preflight, output_dir: str, rank: Optional[int] = None):
     """MindFormers' HFDataLoader (train_dataset.type hf): local data through the datasets library and the
-    handler chain into rows of seq_length (data/hf_dataset.py). Every rank builds the same rows (small
-    fine-tuning sets; datasets' cache is per rank) and takes its data-parallel share. Bad data (a broken JSON
-    line, a column a handler needs) is a ConfigError naming it, before any step."""
+    handler chain into rows of seq_length (data/hf_dataset.py), with what became of the records (cut, dropped
+    and why: ``SFTRows.lines``). Runs before any process group (the Trainer's constructor): every rank builds
+    the same rows (small fine-tuning sets; datasets' cache is per rank). Bad data (a broken JSON line, a column
+    a handler needs, no record with a target token) is a ConfigError naming it."""
     from ..data.handlers import parse_handlers
-    from ..data.hf_dataset import SFTDataset, build_sft_rows, feed_keys, load_hf_dataset
+    from ..data.hf_dataset import load_hf_dataset, sft_rows
     ds, seq = cfg.train_dataset, int(cfg.model.model_config.seq_length)
+    rank = launch_rank() if rank is None else rank
     try:
         chain = parse_handlers(ds.handler)
         data = load_hf_dataset(ds.path, ds.load_func, ds.split, ds.data_files,
                                cache_dir=os.path.join(output_dir, "hf_datasets_cache", f"rank_{rank}"),
                                name="train_dataset.data_loader.path")
         cap = int(ds.compressed_eod_mask_length) if ds.create_compressed_eod_mask else None
-        rows = build_sft_rows(data, chain, tokenizer, seq, cap, source=f"train_dataset.data_loader.path "
-                              f"{ds.path!r}")
+        return sft_rows(data, chain, build_tokenizer(found.tokenizer_kind, found.tokenizer_file), seq, cap,
+                        source=f"train_dataset.data_loader.path {ds.path!r}")
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
+
+
+def hf_data(cfg: Config, tokenizer, output_dir: str, rank: int, order: dict, prepared=None, found=None):
+    """This data-parallel rank's SFTDataset of the HFDataLoader rows (``prepared``: :func:`hf_rows`' result,
+    made before the process group; else made here)."""
+    from ..data.handlers import parse_handlers
+    from ..data.hf_dataset import SFTDataset, feed_keys
+    ds = cfg.train_dataset
+    if prepared is None:
+        prepared = hf_rows(cfg, found, output_dir, rank)
+    try:
+        chain = parse_handlers(ds.handler)
         keys = feed_keys(ds.input_columns, chain.pack_strategy is not None)
-        return SFTDataset(rows, keys, **order)
+        return SFTDataset(prepared.rows, keys, **order)
     except ValueError as e:
         raise ConfigError([str(e)]) from None
 
 
 def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_rank: int,
-                 output_dir: str, cp_rank: int = 0) -> Inputs:
+                 output_dir: str, cp_rank: int = 0, sft=None) -> Inputs:
+    """``sft``: the HFDataLoader rows made before the process group (:func:`hf_rows`), if any."""
     ds, mc = cfg.train_dataset, cfg.model.model_config
     files = found.files
     if not ds.dataset_dir and ds.type != "hf":     # the built-in corpus, written once by rank 0
@@ -136,7 +169,7 @@ def build_inputs(cfg: Config, shape: JobShape, found: Preflight, rank: int, dp_r
     def dataset(key: str, kind: str, directory: Optional[str], paths: List[str], shuffle: bool):
         order = dict(seed=int(cfg.seed), shuffle=shuffle, dp_rank=dp_rank, dp_size=shape.dp)
         if kind == "hf":                    # its errors name the data_loader keys themselves
-            return hf_data(cfg, tokenizer, output_dir, rank, order)
+            return hf_data(cfg, tokenizer, output_dir, rank, order, prepared=sft, found=found)
         try:
             if kind == "mindrecord":
                 from ..data.mindrecord import MindRecordDataset

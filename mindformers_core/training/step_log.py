@@ -1,7 +1,8 @@
 """What the loop reports per step: the console line (rank 0) and the JSONL loss log.
 
 ``loss.jsonl`` holds one JSON object per step: step, loss, lr, grad_norm, tokens_per_s, step_time_s,
-and ``skipped: true`` for a step the bad-step guard skipped; a mixture-of-experts model adds ``expert_load``,
+``skipped: true`` for a step the bad-step guard skipped, ``no_target: true`` for a step whose global batch
+held no target token (loss 0, no update: not a fault); a mixture-of-experts model adds ``expert_load``,
 ``expert_load_min``/``max`` and ``aux_loss`` (``moe_log.py``), a model with multi-token prediction
 ``mtp_loss`` (``mtp_log.py``). NaN and inf are not JSON: they are written as null. A fresh run starts the file anew; a resumed one keeps the steps up to its start.
 """
@@ -35,9 +36,10 @@ class StepLog:
             os.replace(self.path + ".tmp", self.path)
 
     def step(self, step: int, loss: float, norm: Optional[float], lr: float, t0: float, t1: float, t2: float,
-             skipped: Optional[str] = None) -> Dict[str, Any]:
+             skipped: Optional[str] = None, empty: bool = False) -> Dict[str, Any]:
         """The record of 1-based ``step`` (data wait t0..t1, compute t1..t2); prints its line.
-        ``skipped``: why the update was skipped (None: it was applied)."""
+        ``skipped``: why the update was skipped (None: it was applied); ``empty``: the global batch held no
+        target token, so no step ran."""
         if step - 1 > self.start:
             self.timed, self.timed_steps = self.timed + (t2 - t0), self.timed_steps + 1
         eta = (self.timed / self.timed_steps if self.timed_steps else t2 - t0) * (self.total_steps - step)
@@ -45,12 +47,17 @@ class StepLog:
                   "tokens_per_s": self.tokens_per_step / (t2 - t1), "step_time_s": t2 - t0}
         if skipped:
             record["skipped"] = True
+        if empty:
+            record["no_target"] = True
         more = ""
         if self.extra is not None:
             fields, more = self.extra()
             record.update(fields)
             more = f"  {more}"
-        if step % self.print_every == 0 or step == self.total_steps or skipped or not math.isfinite(loss):
+        if empty:
+            self.log(f"step {step:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  no target token in the "
+                     "global batch: no update (not a fault)" + more)
+        elif step % self.print_every == 0 or step == self.total_steps or skipped or not math.isfinite(loss):
             self.log(f"step {step:>4}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3e}  grad_norm {'-' if norm is None else f'{norm:.3f}'}  "
                      f"{self.tokens_per_step / (t2 - t1):,.0f} tok/s  ETA {eta:.0f}s" + more
                      + (f"  skipped ({skipped})" if skipped else ""))

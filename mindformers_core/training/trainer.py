@@ -35,7 +35,7 @@ from .checkpointing import Checkpointer, lora_checkpoint_args, state_params_of
 from .config import Config, ConfigError
 from .faults import FaultInjector
 from .heartbeat import Heartbeat
-from .inputs import build_inputs
+from .inputs import build_inputs, hf_rows, launch_rank
 from .model_builder import build_model
 from .mtp_log import combined
 from .monitoring import TensorBoardLog, write_loss_svg
@@ -67,6 +67,13 @@ class Trainer:
         self.worker_num = int(os.environ.get("MS_WORKER_NUM", "1")) if worker_num is None else int(worker_num)
         self.found = preflight(config, self.shape, self.worker_num, self.output_dir)
         self.tokenizer_file = self.found.tokenizer_file
+        # HFDataLoader rows: made (and their records accounted for, or the data refused) before any process group
+        self.sft = None
+        if not self.shape.predicting and config.train_dataset.type == "hf":
+            self.sft = hf_rows(config, self.found, self.output_dir)
+            if launch_rank() == 0:
+                for line in self.sft.lines():
+                    print(line, flush=True)
         self.start_step = 0
         self._ready = False
         self._loaded_in_setup = False    # setup() loaded the Hugging Face folder whose weights it did not draw
@@ -112,7 +119,7 @@ class Trainer:
                                              **lora_checkpoint_args(cfg, self.built.chunks), **common)
         else:
             self.inputs = build_inputs(cfg, shape, self.found, self.rank, self.topology.dp_rank, self.output_dir,
-                                       cp_rank=self.topology.cp_rank)
+                                       cp_rank=self.topology.cp_rank, sft=self.sft)
             self.tokenizer, self.data = self.inputs.tokenizer, self.inputs.data
             self.global_batch, self.total_steps = self.inputs.global_batch, self.inputs.total_steps
             self._build_model(self.inputs.micro_batch)
@@ -255,20 +262,28 @@ class Trainer:
                 if poisoned:
                     ms.ops.assign(self._poison, Tensor(float("nan"), ms.float32))
                 t0 = time.monotonic()
+                drawn = self.inputs.position()
                 batch = next(batches)
                 t1 = time.monotonic()
-                loss, norm = self.step_fn(*model_args(batch, Tensor))
-                loss, norm = float(loss), None if norm is None else float(norm)   # None: log_grad_norm off
+                # a global batch without a target token (every rank counts it alike, from the data): nothing to
+                # learn from, so no step runs (loss 0, weights and moments untouched); logged, not a fault
+                empty = self.inputs.global_targets(drawn) == 0
+                if empty:
+                    loss, norm = 0.0, None
+                else:
+                    loss, norm = self.step_fn(*model_args(batch, Tensor))
+                    loss, norm = float(loss), None if norm is None else float(norm)   # None: log_grad_norm off
                 if relax:
                     relax_actor_threads()     # PyNative: no spinning actor threads (steps.relax_actor_threads)
                 t2 = time.monotonic()
                 if poisoned:
                     ms.ops.assign(self._poison, Tensor(1.0, ms.float32))
                 lr = self.lr.at(applied)          # the rate this step used (AdamW takes lr(optimizer step))
-                skipped = self.guard is not None and not self.guard.is_ok(norm)
-                applied, in_a_row = applied + (not skipped), in_a_row + 1 if skipped else 0
+                skipped = not empty and self.guard is not None and not self.guard.is_ok(norm)
+                applied = applied + (not skipped and not empty)
+                in_a_row = in_a_row if empty else in_a_row + 1 if skipped else 0    # an empty batch is no fault
                 record = steps.step(step, loss, norm, lr, t0, t1, t2, skipped and
-                                    f"{self.guard.describe()}; {in_a_row} in a row")
+                                    f"{self.guard.describe()}; {in_a_row} in a row", empty=empty)
                 history.append(record)
                 if eval_every and step % eval_every == 0:
                     record["eval_loss"] = self.evaluate()

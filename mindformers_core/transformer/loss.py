@@ -5,7 +5,7 @@ the vocab-parallel kernel (max, sum-exp and target logit reduced over tp), so th
 plain single-card ``mean(logsumexp(logits) - logits[label])``. The mean uses MindSpore's fused
 ``SparseSoftmaxCrossEntropyWithLogits`` (stable, about 5x faster on CPU than the composite formula);
 ``reduction="none"`` gives each token's loss, which :class:`MaskedMean` averages over the tokens a
-``loss_mask`` keeps.
+``loss_mask`` keeps; a batch that keeps no token has loss 0 and gradient 0 (not 0/0).
 """
 from __future__ import annotations
 
@@ -53,16 +53,34 @@ class Total(nn.Cell):
         return ops.sum(x)
 
 
+class KeptRatio(nn.Cell):
+    """``kept_loss / kept_tokens``, or 0 where ``kept_tokens`` is 0 (a batch, micro-step or microbatch whose
+    ``loss_mask`` keeps no token: nothing to average, so loss 0 and gradient 0 instead of 0/0 = NaN). One
+    ``div`` for the sharding pass (linear in the numerator: its partial sums pass, the count is reduced
+    first), so the test for 0 sees the whole count."""
+    sharding_op = "div"
+    sharding_params = ()
+
+    def shard(self, config):
+        return None, None, None
+
+    def construct(self, kept_loss, kept_tokens):
+        empty = kept_tokens <= 0
+        return kept_loss / ops.select(empty, ops.ones_like(kept_tokens), kept_tokens)
+
+
 class MaskedMean(nn.Cell):
     """``sum(loss * mask) / sum(mask)`` over every token of the batch: with the batch or sequence split
     (dp, cp) both sums are partial and the pass reduces the count before the division, so the result is
-    the mean over the unmasked tokens of the whole global batch, the same on any split."""
+    the mean over the unmasked tokens of the whole global batch, the same on any split. No kept token:
+    0 (``KeptRatio``; the numerator is 0 then, and so is every gradient)."""
 
     def __init__(self):
         super().__init__()
         self.kept_loss = Total()
         self.kept_tokens = Total()
+        self.ratio = KeptRatio()
 
     def construct(self, token_loss, loss_mask):
         mask = ops.cast(loss_mask, ms.float32)
-        return self.kept_loss(token_loss * mask) / self.kept_tokens(mask)
+        return self.ratio(self.kept_loss(token_loss * mask), self.kept_tokens(mask))
