@@ -223,6 +223,22 @@ def test_every_pipeline_rank_with_an_adapted_layer_and_hsdp_level3_pass_the_pref
                                     "--check_config", "--worker_num", 2)) == 0
 
 
+def test_a_measured_pipeline_split_is_checked_the_same_way(tmp_path):
+    """``layers_per_stage: auto`` is measured after start-up: the preflight passes it, and build_model checks the
+    measured split with the same rule on every rank (here DualPipeV's V with the measured [0, 1, 1, 0])."""
+    from mindformers_core.training.model_builder import lora_stage_problems
+    from mindformers_core.training.shape import JobShape
+    from tests.test_trainer import config_of
+    cfg = config_of(argv(lora_yaml(str(tmp_path)), tmp_path / "out", "--use_parallel", True,
+                         "--parallel_config.pipeline_stage", 2, *DUALPIPEV, "auto"),
+                    worker_num=2)
+    shape = JobShape.from_config(cfg)
+    assert lora_stage_problems(cfg, shape) == []
+    (problem,) = lora_stage_problems(cfg, shape, [0, 1, 1, 0])
+    assert "pipeline rank 0 runs model stage(s) 0 (layers none), 3 (layers none), where LoRA adapts no layer" in problem
+    assert lora_stage_problems(cfg, shape, [0, 1, 0, 1]) == []
+
+
 def test_targets_match_global_layer_names_on_a_pipeline_stage():
     """Stage 1 of a pp2 Qwen3 numbers its layer 0 locally; target_modules naming Hugging Face's layer 1 adapts it
     (and the one naming layer 0 adapts nothing there)."""

@@ -74,7 +74,11 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     ids = np.zeros((micro_batch * shape.dp, seq), np.int32)
     counts = layer_counts(cfg, topo, output_dir, log) if shape.pp > 1 else None
     lora = lora_settings(cfg, shape)
-    chunks, tied_copies, adapted = [], [], []
+    if lora is not None and shape.pp > 1 and cfg.parallel.pipeline_config.layers_per_stage == "auto":
+        problems = lora_stage_problems(cfg, shape, counts)   # the measured split: every rank decides alike
+        if problems:
+            raise ConfigError(problems)
+    chunks, tied_copies = [], []
     for s in topo.stages:
         ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
         if shape.pp == 1:
@@ -90,7 +94,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
             with _deferred_if(held) as deferred:
                 chunk = spec.model_class(mcfg, pp_rank=k % shape.pp,
                                          vp_stage=k // shape.pp if shape.vpp > 1 else None, layers_per_stage=counts)
-            adapted += _apply_lora(lora, chunk, mcfg, topo.rank, log, require_match=False)
+            _apply_lora(lora, chunk, mcfg, topo.rank, log, require_match=False)   # (lora_stage_problems)
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             _draw_not_held(deferred, chunk, held, numbers)
             _parallelize_stage(chunk, mcfg, k, topo, mesh, ids, side=len(batch_samples(cfg, ids)) > 2)
@@ -100,8 +104,6 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
                 p.name = global_param_name(p.name, numbers)
         _apply_recompute(cfg, chunk, topo.rank, log)
         chunks.append(chunk)
-    if lora is not None and shape.pp > 1 and not adapted:
-        _lora_matches_some_stage(spec, mcfg, lora, shape, counts)
     if tied_copies and shape.pp > 1 and topo.model_stage(topo.stages[0]) == 0:
         tied_copies = _share_embedding(chunks)
     params = list({id(p): p for chunk in chunks for p in chunk.trainable_params()}.values())   # a shared one once
@@ -248,20 +250,20 @@ def lora_settings(cfg: Config, shape: JobShape):
     return settings
 
 
-def lora_stage_problems(cfg: Config, shape: JobShape) -> List[str]:
-    """Under a pipeline (before any process group): each pipeline rank must hold an adapted layer. LoRA trains
-    the adapters only, so a rank whose stages adapt nothing (no decoder layer there, or none that
-    ``target_modules`` names) would have no parameter to update. The stages are built as zeros (no draws)
-    and only looked at. Skipped for ``layers_per_stage: auto`` (measured after start-up: ``build_model``
-    names a model that adapts nothing at all)."""
+def lora_stage_problems(cfg: Config, shape: JobShape, measured: Optional[List[int]] = None) -> List[str]:
+    """Under a pipeline (the preflight, before any process group): each pipeline rank must hold an adapted
+    layer. LoRA trains the adapters only, so a rank whose stages adapt nothing (no decoder layer there, or none
+    that ``target_modules`` names) would have no parameter to update. The stages are built as zeros (no draws)
+    and only looked at. ``layers_per_stage: auto`` is measured after start-up: the preflight skips it and
+    ``build_model`` checks the ``measured`` split (on every rank alike)."""
     settings = lora_settings(cfg, shape)
     split = cfg.parallel.pipeline_config.layers_per_stage
-    if settings is None or shape.pp == 1 or split == "auto":
+    if settings is None or shape.pp == 1 or (split == "auto" and measured is None):
         return []
     from ..peft.lora import matched_names
     spec = get_model_spec(cfg.model.arch.type)
     topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
-    counts = None if split is None else \
+    counts = measured if split == "auto" else None if split is None else \
         [len(r) for r in topo.layer_ranges(int(cfg.model.model_config.num_layers), split)]
     adapted, layers = [], []
     try:
@@ -294,7 +296,7 @@ def lora_stage_problems(cfg: Config, shape: JobShape) -> List[str]:
 
 def _apply_lora(settings, chunk, mcfg, rank: int, log=print, require_match: bool = True) -> list:
     """LoRA on ``chunk`` (nothing without settings); the adapted names. ``require_match=False``: a pipeline
-    stage that holds none of the targets is not an error here (``_lora_matches_some_stage`` checks the model)."""
+    stage that holds none of the targets is not an error here (``lora_stage_problems`` checks every rank)."""
     if settings is None:
         return []
     from ..peft import LoraConfigError, apply_lora
@@ -308,22 +310,6 @@ def _apply_lora(settings, chunk, mcfg, rank: int, log=print, require_match: bool
         log(f"LoRA r={settings.rank} alpha={settings.alpha:g} on {len(wrapped)} linears ({wrapped[0]}, ...): "
             f"{trainable} trainable of {total} parameters ({100 * trainable / max(total, 1):.2f}%)")
     return wrapped
-
-
-def _lora_matches_some_stage(spec, mcfg, settings, shape: JobShape, counts) -> None:
-    """Under a pipeline, this rank's stages adapt nothing: every rank decides alike whether any stage of the
-    model does (the other stages built as zeros, not drawn, and only looked at); none is a ConfigError."""
-    from ..peft.lora import matched_names, no_match_error
-    example = None      # a stage with layers: its linears' names go into the message
-    for k in range(shape.pp * shape.vpp):
-        with deferred_init():
-            chunk = spec.model_class(mcfg, pp_rank=k % shape.pp, vp_stage=k // shape.pp if shape.vpp > 1 else None,
-                                     layers_per_stage=counts)
-        if matched_names(chunk, settings):
-            return
-        if example is None and len(chunk.decoder.layer_numbers):
-            example = chunk
-    raise ConfigError([str(no_match_error(settings, chunk if example is None else example))])
 
 
 def layer_counts(cfg: Config, topo: Topology, output_dir: str, log=print) -> Optional[List[int]]:
