@@ -48,8 +48,9 @@ class BuiltModel:
     moe: object = None          # a MoEMonitor (training/moe_log.py) for a mixture-of-experts model
     copies: tuple = ()          # DualPipe: the up copy's parameters (same names as a down copy's elsewhere)
     mtp: object = None          # an MTPMonitor (training/mtp_log.py) for a model with multi-token prediction
-    tied: tuple = ()            # names of parameters several model stages hold (MTP: the embedding on the first and
-                                # the last stage); the pipeline sums their gradients (pipeline/runtime.py _sum_tied)
+    tied: tuple = ()            # names of parameters several model stages hold (the embedding on the first and the
+                                # last stage: tied embeddings, MTP); the pipeline sums their gradients
+                                # (pipeline/runtime.py _sum_tied)
 
     @property
     def model(self):
@@ -94,7 +95,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             _draw_not_held(deferred, chunk, held, numbers)
             _parallelize_stage(chunk, mcfg, k, topo, mesh, ids, side=len(batch_samples(cfg, ids)) > 2)
-            if getattr(chunk, "embedding_copy", False):   # MTP on the last stage: saved once, by the first stage
+            if getattr(chunk, "embedding_copy", False):   # tied / MTP on the last stage: saved once, by the first
                 tied_copies += list(chunk.embedding.get_parameters())
             for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
                 p.name = global_param_name(p.name, numbers)
@@ -106,7 +107,8 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
     moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
     copies = tuple(p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters())
     copies += tuple(p for p in tied_copies if all(p is not q for q in copies))
-    tied = ("embedding.word_embeddings.weight",) if shape.pp > 1 and mcfg.mtp_depths else ()
+    tied = ("embedding.word_embeddings.weight",) if shape.pp > 1 and (mcfg.mtp_depths or mcfg.tie_word_embeddings) \
+        else ()
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg), tied)
 
 
@@ -151,8 +153,8 @@ def _draw_not_held(deferred, chunk, held, numbers: Optional[Sequence[int]] = Non
 
 
 def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> list:
-    """This rank runs the first model stage and the last one too (DualPipeV's V): the last stage's MTP
-    embedding is the first stage's Parameter itself (one name per rank; the pipeline sums the two stages'
+    """This rank runs the first model stage and the last one too (DualPipeV's V): the last stage's copy of the
+    embedding (tied output layer, MTP) is the first stage's Parameter itself (one name per rank; the pipeline sums the two stages'
     gradients of it, ``pipeline/runtime.py`` ``_sum_tied``). Set after both are sharded alike (the same vocab
     split): the Cell holding the copy (the sharding pass may have wrapped it) takes the first's. Returns no copies."""
     shared = next(p for p in chunks[0].get_parameters() if p.name == name)
@@ -286,8 +288,8 @@ def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarra
     the previous stage's layers leave them; labels are split over dp and cp like the ids. ``side``
     (fine-tuning data): every stage also takes position_ids and segment_ids, the last the loss_mask, in
     the model's argument order (training/steps.py ``_SideInputStage``). A last stage with multi-token
-    prediction (``embedding_copy``) also takes the microbatch's ids (``token_ids``), split like the labels."""
-    mtp_ids = [ids] if s == topo.model_stage_num - 1 and getattr(chunk, "embedding_copy", False) else []
+    prediction (``takes_token_ids``) also takes the microbatch's ids (``token_ids``), split like the labels."""
+    mtp_ids = [ids] if s == topo.model_stage_num - 1 and getattr(chunk, "takes_token_ids", False) else []
     if side:
         dpx = "dp" if topo.dp > 1 else "None"
         seq_axes = tuple(a for a, on in (("cp", topo.cp > 1), ("tp", mcfg.sequence_parallel)) if on)

@@ -314,9 +314,7 @@ class _Checks:
         cfg, shape, pc = self.cfg, self.shape, self.cfg.parallel_config
         pipe = cfg.parallel.pipeline_config
         if cfg.model.model_config.tie_word_embeddings:
-            self.errors.append("model.model_config.tie_word_embeddings = True: with parallel_config.pipeline_stage = "
-                               f"{shape.pp} the embedding (first stage) and output layer (last stage) live on "
-                               "different ranks; set tie_word_embeddings: False")
+            self.tied_pipeline_errors()
         topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
         if isinstance(pipe.layers_per_stage, list):   # (the schema's rules checked the split itself)
             try:
@@ -335,6 +333,26 @@ class _Checks:
             self.errors.append(f"parallel.pipeline_config.pipeline_scheduler = {shape.scheduler!r} with "
                                f"parallel_config.pipeline_stage {pc.pipeline_stage}, pipeline_interleave "
                                f"{pipe.pipeline_interleave}, micro_batch_num {pc.micro_batch_num}: {e}")
+
+    def tied_pipeline_errors(self) -> None:
+        """Tied embeddings under a pipeline: the last stage's output layer multiplies by its own copy of the
+        embedding table, whose gradient the pipeline runtime sums with the first stage's (as for MTP). Proven
+        with the plain update and the one-directional schedules and DualPipeV; the bidirectional DualPipe (a
+        copy of every stage: the table would be held four times over two ranks) and hsdp (the copy would be
+        summed outside hsdp's reduction) are refused."""
+        cfg, shape = self.cfg, self.shape
+        origin = getattr(getattr(cfg, "report", None), "origin", {}) or {}
+        key = origin.get("model.model_config.tie_word_embeddings", "model.model_config.tie_word_embeddings")
+        if shape.scheduler == "dualpipe":
+            self.errors.append(f"{key} = True with parallel.pipeline_config.pipeline_scheduler = 'dualpipe' (two "
+                               "copies of every stage) is not implemented: the tied table's copies on both ends of "
+                               "both directions are not kept equal; use dualpipev, 1f1b or another one-directional "
+                               "schedule, or set tie_word_embeddings: False")
+        if shape.sharded_dp:
+            self.errors.append(f"{key} = True with parallel_config.pipeline_stage = {shape.pp} and "
+                               "parallel.enable_parallel_optimizer (hsdp) is not implemented (the last stage's copy "
+                               "of the embedding table is summed outside hsdp's reduction); turn "
+                               "enable_parallel_optimizer off, or set tie_word_embeddings: False")
 
     # ------------------------------------------------------------------ files and features
     def files_and_features(self) -> Preflight:

@@ -153,7 +153,8 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     norms = _NormGroups(shape, topo, built)
     limit = clip_limit(float(cfg.runner_config.max_grad_norm))
     stages, schedule = _pipeline_schedule(shape, topo, built, side) if shape.pp > 1 else (None, None)
-    feed = _StageFeed(topo, norms.pp_group, batch_keys, TokenWeights(topo) if side else None, mtp=bool(built.tied)) \
+    feed = _StageFeed(topo, norms.pp_group, batch_keys, TokenWeights(topo) if side else None,
+                      mtp=bool(built.tied) and built.model_config.mtp_depths > 0) \
         if schedule is not None else None
     k = shape.accumulate
     if shape.sharded_dp and k > 1 and _feeds_loss_mask(cfg):
@@ -375,7 +376,7 @@ class _NormGroups:
         params = built.params
         self.weights = _copy_norm_weights(topo, params, replication_weights(params, self.axis_groups)
                                           if self.axis_groups else None)
-        if built.tied and not topo.dualpipe:   # MTP's embedding copy on the last stage: counted once, by the first's
+        if built.tied and not topo.dualpipe:   # the embedding copy on the last stage: counted once, by the first's
             copy = {id(p) for p in built.copies if p.name in built.tied}
             self.weights = tuple(0.0 if id(p) in copy else w
                                  for p, w in zip(params, self.weights or (1.0,) * len(params)))
@@ -462,7 +463,7 @@ class _SideInputStage(nn.Cell):
     def __init__(self, chunk: nn.Cell, last: bool):
         super().__init__(auto_prefix=False)
         self.chunk, self.last = chunk, last
-        self.mtp = last and getattr(chunk, "embedding_copy", False)
+        self.mtp = last and getattr(chunk, "takes_token_ids", False)
 
     def construct(self, x, position_ids, segment_ids, labels=None, loss_mask=None, weight=None, token_ids=None):
         if self.mtp:
@@ -490,7 +491,7 @@ def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side:
     from ..pipeline.runtime import PipelineStage
     last = topo.model_stage_num - 1
     chunks = [_SideInputStage(c, topo.model_stage(s) == last) if side
-              else _TokenIdsStage(c) if getattr(c, "embedding_copy", False) else c
+              else _TokenIdsStage(c) if getattr(c, "takes_token_ids", False) else c
               for c, s in zip(built.chunks, topo.stages)]
     stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks,
                             loss_in_cell=topo.model_stage(s) == topo.model_stage_num - 1)
@@ -498,8 +499,8 @@ def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side:
     # DualPipe (ScheduleDualPipe): stages r and 2p-1-r; the runtime gives the up copy the down copy's
     # weights before its first run and sums the two copies' gradients after every run
     schedule = build_schedule(shape.scheduler, stages, shape.micro_batch_num)
-    # parameters on several model stages (MTP: the embedding and its last-stage copy): gradients summed by the
-    # runtime over every stage index running the first or the last model stage
+    # parameters on several model stages (the embedding and its last-stage copy: tied embeddings, MTP): gradients
+    # summed by the runtime over every stage index running the first or the last model stage
     ends = [s for s in range(topo.stage_num) if topo.model_stage(s) in (0, last)]
     schedule.tied = {name: ends for name in built.tied}
     return stages, schedule
