@@ -1,7 +1,8 @@
 """Tied word embeddings (``tie_word_embeddings: true``: Qwen3 up to 4B, Qwen2.5 up to 3B, Llama-3.2) under msrun
 equal one process: the Qwen2 fixture (saved by transformers with a tied head) fine-tuned from its folder through
 run_mindformer.py, 2 steps, at tensor parallel 2 (PyNative and jit; jit with sequence parallelism too) and data
-parallel 2 (PyNative). At tp the embedding table is vocab-split: the lookup runs the vocab-parallel kernel and the
+parallel 2 (PyNative; and with hsdp level3 in both modes: the tied output layer owns no weight, so hsdp makes it a
+unit of its own that gathers the table it is handed, ``hsdp/units.py``). At tp the embedding table is vocab-split: the lookup runs the vocab-parallel kernel and the
 tied output layer multiplies by the same local rows, giving vocab-split logits for the vocab-parallel
 cross-entropy (no model code knows the rank). Losses and grad norms to a relative 1e-5 of one process in the
 same mode, and the trained weights (the live export at the end, merged from the shards) to 1e-5 of the largest
@@ -45,8 +46,10 @@ DUALPIPEV = [*PP2, "--runner_config.batch_size", 1, "--parallel_config.micro_bat
              "--parallel.pipeline_config.pipeline_scheduler", "dualpipev",
              "--parallel.pipeline_config.pipeline_interleave", 2,
              "--parallel.pipeline_config.layers_per_stage", "[1, 1, 0, 0]"]   # rank 0: the first and last stages
+HSDP3 = ["--parallel.enable_parallel_optimizer", "True", "--hsdp.optimizer_level", "level3"]
 EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
 RUNS = {"tp2_pynative": (1, TP2), "tp2_jit": (0, TP2), "tp2_sp_jit": (0, TP2 + SP), "dp2_pynative": (1, DP2),
+        "dp2_hsdp3_pynative": (1, DP2 + HSDP3), "dp2_hsdp3_jit": (0, DP2 + HSDP3),
         "pp2_1f1b_pynative": (1, ONE_F_ONE_B + EVERY_STEP), "pp2_1f1b_jit": (0, ONE_F_ONE_B),
         "pp2_dualpipev_jit": (0, DUALPIPEV)}
 FOUR_RUNS = {"pp2_tp2_1f1b_pynative": (1, ONE_F_ONE_B + ["--parallel_config.model_parallel", 2])}

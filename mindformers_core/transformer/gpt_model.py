@@ -32,9 +32,11 @@ from .mtp import MultiTokenPrediction, SharedOutputHead
 class TiedOutputLayer(nn.Cell):
     """``x @ weight^T`` with the (vocab, hidden) embedding table passed in: one ``matmul`` op
     (``transpose_b=True``) whose second input is the embedding weight, so a vocab-split table
-    gives vocab-split logits."""
+    gives vocab-split logits. It owns no weight: hsdp level3 gathers the table it is handed around its calls
+    (``PARAMETER_ARGUMENTS_ATTR``)."""
     sharding_op = "matmul"
     sharding_params = ()
+    mfc_parameter_arguments = True      # (sharding.annotations.PARAMETER_ARGUMENTS_ATTR)
 
     def sharding_attrs(self) -> dict:
         return {"transpose_b": True}
