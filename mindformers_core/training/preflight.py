@@ -467,12 +467,6 @@ class _Checks:
         except ValueError as e:
             self.errors.append(f"train_dataset.{e}")
             keys = []
-        extra = [k for k in keys if k not in ("input_ids", "labels")]
-        if extra and shape.pp > 1 and (shape.sharded_dp or "dualpipe" in str(shape.scheduler).lower()):
-            self.errors.append(f"train_dataset.data_loader.type = 'HFDataLoader' feeds {extra} with parallel_config.pipeline_stage = "
-                               f"{shape.pp}: hsdp (parallel.enable_parallel_optimizer) and DualPipe do not carry them "
-                               "through their microbatches yet; use the plain update and a one-directional schedule "
-                               "(1F1B, GPipe, interleaved)")
         path, files = ds.get("path"), ds.get("data_files")
         if path in BUILDERS.values() and files:
             files = [files] if isinstance(files, str) else list(files)

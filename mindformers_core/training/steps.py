@@ -140,11 +140,6 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     side = shape.pp > 1 and _feeds_loss_mask(cfg)     # HFDataLoader's keys go through the microbatches
     if shape.pp > 1 and not side:
         check_pipeline_batch(batch_keys)
-    if side and (shape.sharded_dp or topo.dualpipe):
-        raise ConfigError(["train_dataset HFDataLoader (loss_mask, position_ids, segment_ids) with "
-                           "parallel_config.pipeline_stage > 1 runs with the plain update and one-directional "
-                           "schedules; parallel.enable_parallel_optimizer (hsdp) and DualPipe do not carry those keys "
-                           "through their microbatches yet"])
     params = built.params
     guard = build_guard(cfg)
     lr = build_lr(cfg, total_steps)
@@ -334,6 +329,12 @@ def hsdp_step_fn(hsdp_step, feed: Optional["_StageFeed"], k: int) -> Callable:
     """``(*batch) -> (loss, norm)`` over hsdp's step, which owns the gradients, the accumulation
     (communication on the last micro-step only) and the update: ``k`` calls on the micro-slices, or
     one schedule run fed by ``feed`` (a pipeline)."""
+    if feed is not None and feed.weights is not None:   # loss_mask, position_ids, segment_ids: microbatches
+        m = hsdp_step.schedule.micro_batch_num
+
+        def side_pipeline_step(*batch):
+            return feed.shared_loss(hsdp_step(microbatches=feed.microbatches(batch, m))), hsdp_step.grad_norm
+        return side_pipeline_step
     if feed is not None:
         def pipeline_step(*batch):
             return feed.shared_loss(hsdp_step(*feed.inputs(batch))), hsdp_step.grad_norm
