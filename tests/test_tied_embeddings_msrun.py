@@ -1,21 +1,21 @@
-"""Tied word embeddings (``tie_word_embeddings: true``: Qwen3 up to 4B, Qwen2.5 up to 3B, Llama-3.2) under msrun
-equal one process: the Qwen2 fixture (saved by transformers with a tied head) fine-tuned from its folder through
+"""Tied word embeddings (``tie_word_embeddings: true``: Qwen3 up to 4B, Qwen2.5 up to 3B, Llama-3.2) under msrun equal
+one process: the Qwen2 fixture (saved by transformers with a tied head) fine-tuned from its folder through
 run_mindformer.py, 2 steps, at tensor parallel 2 (PyNative and jit; jit with sequence parallelism too) and data
 parallel 2 (PyNative; and with hsdp level3 in both modes: the tied output layer owns no weight, so hsdp makes it a
-unit of its own that gathers the table it is handed, ``hsdp/units.py``). At tp the embedding table is vocab-split: the lookup runs the vocab-parallel kernel and the
-tied output layer multiplies by the same local rows, giving vocab-split logits for the vocab-parallel
-cross-entropy (no model code knows the rank). Losses and grad norms to a relative 1e-5 of one process in the
-same mode, and the trained weights (the live export at the end, merged from the shards) to 1e-5 of the largest
-magnitude of each tensor.
+unit of its own that gathers the table it is handed, ``hsdp/units.py``). At tp the embedding table is vocab-split:
+the lookup runs the vocab-parallel kernel and the tied output layer multiplies by the same local rows, giving
+vocab-split logits for the vocab-parallel cross-entropy (no model code knows the rank). Losses and grad norms to a
+relative 1e-5 of one process in the same mode, and the trained weights (the live export at the end, merged from the
+shards) to 1e-5 of the largest magnitude of each tensor.
 
-Under pipeline parallelism (pp2: 1F1B in PyNative and jit, DualPipeV under jit, and pp2 x tp2 1F1B in PyNative on
-4 workers) the last stage's tied output layer multiplies by its own copy of the embedding table, built under the
+Under pipeline parallelism (pp2: 1F1B in PyNative and jit, DualPipeV under jit, and pp2 x tp2 1F1B in PyNative on 4
+workers) the last stage's tied output layer multiplies by its own copy of the embedding table, built under the
 embedding's name (loaded from the folder like the first stage's), whose gradient the pipeline runtime sums with the
-first stage's (``pipeline/runtime.py`` ``_sum_tied``; DualPipeV's rank 0 holds both ends and shares one
-Parameter): the same losses, grad norms and export, and the checkpoint holds the table once with the one process's
-values; a pp2 checkpoint resumes on one process and a one-process checkpoint resumes at pp2 (step 2's loss and
-AdamW moments = the uninterrupted run's). The bidirectional DualPipe and hsdp with tied embeddings under a pipeline
-are refused by name (tests/test_trainer.py).
+first stage's (``pipeline/runtime.py`` ``_sum_tied``; DualPipeV's rank 0 holds both ends and shares one Parameter):
+the same losses, grad norms and export, and the checkpoint holds the table once with the one process's values; a pp2
+checkpoint resumes on one process and a one-process checkpoint resumes at pp2 (step 2's loss and AdamW moments = the
+uninterrupted run's). The bidirectional DualPipe and hsdp with tied embeddings under a pipeline are refused by name
+(tests/test_trainer.py).
 
 The runs go in turn (``run_many``) in the suite's batched 2-worker (and 4-worker) launches (tests/msrun_batch.py);
 the one-process references run here."""
