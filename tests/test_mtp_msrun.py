@@ -2,7 +2,10 @@
 graph-mode key), 2 steps, at tensor parallel 2 (jit: the depths' eh_proj column-split, the shared embedding and
 head vocab-split, the shifted-label cross-entropy over vocab shards) and data parallel 2 (PyNative: the masked
 means' token counts over the global batch); losses and the logged ``mtp_loss`` to a relative 1e-5 of one process
-in the same mode. (MTP under pipeline parallelism: tests/test_deepseek_pp_msrun.py and tests/test_deepseek_yaml_msrun.py.)
+in the same mode. Context parallel 2 (ring, load-balanced: the sequence in storage order, PyNative and jit; Ulysses,
+PyNative): each depth's shift maps a slot to the slot of the token k later (``transformer/mtp.py``), and the logged
+term counts the cp ranks' partial sums once. (MTP under pipeline parallelism: tests/test_deepseek_pp_msrun.py and
+tests/test_deepseek_yaml_msrun.py.)
 
 The two runs go in turn (``run_many``) in the suite's batched 2-worker launch (tests/msrun_batch.py); the
 one-process references run here."""
@@ -24,6 +27,9 @@ MTP = ["--model.model_config.mtp_depth", 2, "--model.model_config.mtp_loss_facto
        "--runner_config.max_steps", 2, "--lr_schedule.total_steps", 2, "--callbacks", "[{type: MFLossMonitor}]"]
 TP2 = ["--use_parallel", "True", "--parallel_config.model_parallel", 2]
 DP2 = ["--use_parallel", "True", "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 2]
+CP2 = ["--use_parallel", "True", "--parallel_config.context_parallel", 2]
+ULYSSES = [*CP2, "--parallel_config.context_parallel_algo", "ulysses"]
+RUNS = [("tp2", "jit"), ("dp2", "pynative"), ("cp2", "pynative"), ("cp2", "jit"), ("cp2_ulysses", "pynative")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,13 +37,16 @@ def plan():
     """The runs' output folders and the 2-worker argvs (made once per process)."""
     base = tempfile.mkdtemp(prefix="mtp_msrun_")
     config = build_assets(os.path.join(base, "assets"))["yaml"]
-    out = {k: os.path.join(base, k) for k in ("p1_jit", "p1_pynative", "tp2_jit", "dp2_pynative")}
+    out = {k: os.path.join(base, k) for k in ("p1_jit", "p1_pynative", *(f"{n}_{m}" for n, m in RUNS))}
     two = [argv(config, out["tp2_jit"], "--mode", 0, *MTP, *TP2),
-           argv(config, out["dp2_pynative"], "--mode", 1, *MTP, *DP2)]
+           argv(config, out["dp2_pynative"], "--mode", 1, *MTP, *DP2),
+           argv(config, out["cp2_pynative"], "--mode", 1, *MTP, *CP2),
+           argv(config, out["cp2_jit"], "--mode", 0, *MTP, *CP2),
+           argv(config, out["cp2_ulysses_pynative"], "--mode", 1, *MTP, *ULYSSES)]
     return config, out, two
 
 
-TWO = job("mtp_tp2_dp2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs": plan()[2]}, timeout=600,
+TWO = job("mtp_tp2_dp2_cp2", 2, "tests.test_hf_msrun:run_many", lambda: {"argvs": plan()[2]}, timeout=600,
           group=__name__)
 
 
@@ -57,7 +66,7 @@ def runs():
     return out
 
 
-@pytest.mark.parametrize("name, mode", [("tp2", "jit"), ("dp2", "pynative")])
+@pytest.mark.parametrize("name, mode", RUNS)
 def test_mtp_on_two_workers_equals_one_process(runs, name, mode):
     one, two = records(runs[f"p1_{mode}"]), records(runs[f"{name}_{mode}"])
     assert len(one) == 2 and all(np.isfinite(r["loss"]) and r["mtp_loss"] > 0 for r in one)

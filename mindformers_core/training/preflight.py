@@ -263,11 +263,6 @@ class _Checks:
             return
         origin = getattr(getattr(cfg, "report", None), "origin", {}) or {}
         key = origin.get("model.model_config.mtp_num_layers", "model.model_config.mtp_num_layers")
-        if shape.cp > 1:
-            self.errors.append(f"{key} = {depths}: multi-token prediction with parallel_config.context_parallel = "
-                               f"{shape.cp} is not implemented (the depths shift tokens along the sequence, which "
-                               "context parallelism splits over ranks); use parallel_config.context_parallel 1 or "
-                               f"set {key} to 0")
         if shape.pp > 1:
             self.mtp_pipeline_errors(key, depths)
 
