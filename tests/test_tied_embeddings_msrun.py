@@ -8,14 +8,14 @@ vocab-split logits for the vocab-parallel cross-entropy (no model code knows the
 relative 1e-5 of one process in the same mode, and the trained weights (the live export at the end, merged from the
 shards) to 1e-5 of the largest magnitude of each tensor.
 
-Under pipeline parallelism (pp2: 1F1B in PyNative and jit, DualPipeV under jit, and pp2 x tp2 1F1B in PyNative on 4
-workers) the last stage's tied output layer multiplies by its own copy of the embedding table, built under the
+Under pipeline parallelism (pp2: 1F1B in PyNative and jit, DualPipeV under jit; on 4 workers pp2 x tp2 1F1B in
+PyNative, and pp2 x dp2 with hsdp level2 in PyNative and level3 under jit) the last stage's tied output layer multiplies by its own copy of the embedding table, built under the
 embedding's name (loaded from the folder like the first stage's), whose gradient the pipeline runtime sums with the
 first stage's (``pipeline/runtime.py`` ``_sum_tied``; DualPipeV's rank 0 holds both ends and shares one Parameter):
 the same losses, grad norms and export, and the checkpoint holds the table once with the one process's values; a pp2
 checkpoint resumes on one process and a one-process checkpoint resumes at pp2 (step 2's loss and AdamW moments = the
-uninterrupted run's). The bidirectional DualPipe and hsdp with tied embeddings under a pipeline are refused by name
-(tests/test_trainer.py).
+uninterrupted run's). The sum comes before the data-parallel reduction, plain or hsdp's, and the copy counts 0 in
+the gradient norm. The bidirectional DualPipe with tied embeddings is refused by name (tests/test_trainer.py).
 
 The runs go in turn (``run_many``) in the suite's batched 2-worker (and 4-worker) launches (tests/msrun_batch.py);
 the one-process references run here."""
@@ -52,7 +52,11 @@ RUNS = {"tp2_pynative": (1, TP2), "tp2_jit": (0, TP2), "tp2_sp_jit": (0, TP2 + S
         "dp2_hsdp3_pynative": (1, DP2 + HSDP3), "dp2_hsdp3_jit": (0, DP2 + HSDP3),
         "pp2_1f1b_pynative": (1, ONE_F_ONE_B + EVERY_STEP), "pp2_1f1b_jit": (0, ONE_F_ONE_B),
         "pp2_dualpipev_jit": (0, DUALPIPEV)}
-FOUR_RUNS = {"pp2_tp2_1f1b_pynative": (1, ONE_F_ONE_B + ["--parallel_config.model_parallel", 2])}
+PP2_DP2 = [*PP2, "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 1,
+           "--parallel_config.micro_batch_num", 2]
+FOUR_RUNS = {"pp2_tp2_1f1b_pynative": (1, ONE_F_ONE_B + ["--parallel_config.model_parallel", 2]),
+             "pp2_dp2_hsdp2_pynative": (1, PP2_DP2 + HSDP3[:-1] + ["level2"]),
+             "pp2_dp2_hsdp3_jit": (0, PP2_DP2 + HSDP3)}
 
 
 def run_argv(config, out, name, flag, *extra):

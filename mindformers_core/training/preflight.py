@@ -331,10 +331,10 @@ class _Checks:
 
     def tied_pipeline_errors(self) -> None:
         """Tied embeddings under a pipeline: the last stage's output layer multiplies by its own copy of the
-        embedding table, whose gradient the pipeline runtime sums with the first stage's (as for MTP). Proven
-        with the plain update and the one-directional schedules and DualPipeV; the bidirectional DualPipe (a
-        copy of every stage: the table would be held four times over two ranks) and hsdp (the copy would be
-        summed outside hsdp's reduction) are refused."""
+        embedding table, whose gradient the pipeline runtime sums with the first stage's (as for MTP), before the
+        data-parallel reduction (plain or hsdp; the copy counts 0 in the norm). Proven with the one-directional
+        schedules and DualPipeV, with hsdp at pp2 x dp2; the bidirectional DualPipe (a copy of every stage: the
+        table would be held four times over two ranks) is refused."""
         cfg, shape = self.cfg, self.shape
         origin = getattr(getattr(cfg, "report", None), "origin", {}) or {}
         key = origin.get("model.model_config.tie_word_embeddings", "model.model_config.tie_word_embeddings")
@@ -343,11 +343,6 @@ class _Checks:
                                "copies of every stage) is not implemented: the tied table's copies on both ends of "
                                "both directions are not kept equal; use dualpipev, 1f1b or another one-directional "
                                "schedule, or set tie_word_embeddings: False")
-        if shape.sharded_dp:
-            self.errors.append(f"{key} = True with parallel_config.pipeline_stage = {shape.pp} and "
-                               "parallel.enable_parallel_optimizer (hsdp) is not implemented (the last stage's copy "
-                               "of the embedding table is summed outside hsdp's reduction); turn "
-                               "enable_parallel_optimizer off, or set tie_word_embeddings: False")
 
     # ------------------------------------------------------------------ files and features
     def files_and_features(self) -> Preflight:

@@ -164,10 +164,12 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
         # hsdp/cell.py norm_clipper): give it tp only, or the experts' squares are counted ep times
         # (measured: pp2 x dp2 x ep2 level2 norm 1.22943 vs one process 1.22647)
         tp = norms.axis_groups.get("tp")
+        weights = replication_weights(params, {"tp": tp}) if tp else None
+        if built.tied:              # the embedding copy on the last stage: counted once, by the first's
+            weights = _without_tied_copies(built, params, weights)
         hsdp_step = wrapped.train_step(schedule if schedule is not None else built.model, optimizer,
                                        mode=shape.mode_name, max_grad_norm=limit, norm_groups=[tp] if tp else [],
-                                       norm_weights=replication_weights(params, {"tp": tp}) if tp else None,
-                                       step_guard=guard)
+                                       norm_weights=weights, step_guard=guard)
         return TrainStep(hsdp_step_fn(hsdp_step, feed, k), optimizer, lr, wrapped, guard)
 
     poison = None
@@ -378,9 +380,14 @@ class _NormGroups:
         self.weights = _copy_norm_weights(topo, params, replication_weights(params, self.axis_groups)
                                           if self.axis_groups else None)
         if built.tied and not topo.dualpipe:   # the embedding copy on the last stage: counted once, by the first's
-            copy = {id(p) for p in built.copies if p.name in built.tied}
-            self.weights = tuple(0.0 if id(p) in copy else w
-                                 for p, w in zip(params, self.weights or (1.0,) * len(params)))
+            self.weights = _without_tied_copies(built, params, self.weights)
+
+
+def _without_tied_copies(built: BuiltModel, params, weights):
+    """Norm weights (None: all 1) with the last stage's copies of a tied parameter (``built.tied``: the embedding
+    table of tied embeddings or MTP) at 0: their gradient equals the first stage's, which counts once."""
+    copy = {id(p) for p in built.copies if p.name in built.tied}
+    return tuple(0.0 if id(p) in copy else w for p, w in zip(params, weights or (1.0,) * len(params)))
 
 
 class _PipelineGradients:
