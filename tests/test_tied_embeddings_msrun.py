@@ -8,14 +8,15 @@ vocab-split logits for the vocab-parallel cross-entropy (no model code knows the
 relative 1e-5 of one process in the same mode, and the trained weights (the live export at the end, merged from the
 shards) to 1e-5 of the largest magnitude of each tensor.
 
-Under pipeline parallelism (pp2: 1F1B in PyNative and jit, DualPipeV under jit; on 4 workers pp2 x tp2 1F1B in
-PyNative, and pp2 x dp2 with hsdp level2 in PyNative and level3 under jit) the last stage's tied output layer multiplies by its own copy of the embedding table, built under the
-embedding's name (loaded from the folder like the first stage's), whose gradient the pipeline runtime sums with the
-first stage's (``pipeline/runtime.py`` ``_sum_tied``; DualPipeV's rank 0 holds both ends and shares one Parameter):
-the same losses, grad norms and export, and the checkpoint holds the table once with the one process's values; a pp2
-checkpoint resumes on one process and a one-process checkpoint resumes at pp2 (step 2's loss and AdamW moments = the
-uninterrupted run's). The sum comes before the data-parallel reduction, plain or hsdp's, and the copy counts 0 in
-the gradient norm. The bidirectional DualPipe with tied embeddings is refused by name (tests/test_trainer.py).
+Under pipeline parallelism (pp2: 1F1B in PyNative and jit, DualPipeV under jit, the bidirectional DualPipe in both
+modes; on 4 workers pp2 x tp2 1F1B in PyNative, and pp2 x dp2 with hsdp level2 in PyNative and level3 under jit) the
+last stage's tied output layer multiplies by its own copy of the embedding table, built under the embedding's name
+(loaded from the folder like the first stage's), whose gradient the pipeline runtime sums with the first stage's
+(``pipeline/runtime.py`` ``_sum_tied``; a rank holding both ends shares one Parameter: DualPipeV's rank 0, and both
+of DualPipe's ranks, whose up copies' gradients ``_sum_copies`` adds first): the same losses, grad norms and export,
+and the checkpoint holds the table once with the one process's values; a pp2 checkpoint resumes on one process and a
+one-process checkpoint resumes at pp2 (step 2's loss and AdamW moments = the uninterrupted run's). The sum comes
+before the data-parallel reduction, plain or hsdp's, and the copy counts 0 in the gradient norm.
 
 The runs go in turn (``run_many``) in the suite's batched 2-worker (and 4-worker) launches (tests/msrun_batch.py);
 the one-process references run here."""
@@ -47,11 +48,14 @@ DUALPIPEV = [*PP2, "--runner_config.batch_size", 1, "--parallel_config.micro_bat
              "--parallel.pipeline_config.pipeline_interleave", 2,
              "--parallel.pipeline_config.layers_per_stage", "[1, 1, 0, 0]"]   # rank 0: the first and last stages
 HSDP3 = ["--parallel.enable_parallel_optimizer", "True", "--hsdp.optimizer_level", "level3"]
+DUALPIPE = [*PP2, "--runner_config.batch_size", 1, "--parallel_config.micro_batch_num", 4,
+            "--parallel.pipeline_config.pipeline_scheduler", "dualpipe"]      # both ends on each of the 2 ranks
 EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
 RUNS = {"tp2_pynative": (1, TP2), "tp2_jit": (0, TP2), "tp2_sp_jit": (0, TP2 + SP), "dp2_pynative": (1, DP2),
         "dp2_hsdp3_pynative": (1, DP2 + HSDP3), "dp2_hsdp3_jit": (0, DP2 + HSDP3),
         "pp2_1f1b_pynative": (1, ONE_F_ONE_B + EVERY_STEP), "pp2_1f1b_jit": (0, ONE_F_ONE_B),
-        "pp2_dualpipev_jit": (0, DUALPIPEV)}
+        "pp2_dualpipev_jit": (0, DUALPIPEV), "pp2_dualpipe_pynative": (1, DUALPIPE + EVERY_STEP),
+        "pp2_dualpipe_jit": (0, DUALPIPE)}
 PP2_DP2 = [*PP2, "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 1,
            "--parallel_config.micro_batch_num", 2]
 FOUR_RUNS = {"pp2_tp2_1f1b_pynative": (1, ONE_F_ONE_B + ["--parallel_config.model_parallel", 2]),
@@ -144,10 +148,12 @@ def test_tied_embeddings_on_two_workers_equal_one_process(runs, name):
         assert not np.array_equal(a("model.embed_tokens.weight"), b("model.embed_tokens.weight"))
 
 
-def test_pipeline_checkpoint_holds_the_tied_table_once(runs):
-    """The pp2 run's step-2 checkpoint: the one process's parameter names (the table once, under the embedding's
-    name; no output layer weight) with its values."""
-    got, want = saved(runs["pp2_1f1b_pynative"], 2)[0], saved(runs["p1_pynative"], 2)[0]
+@pytest.mark.parametrize("name", ["pp2_1f1b_pynative", "pp2_dualpipe_pynative"])
+def test_pipeline_checkpoint_holds_the_tied_table_once(runs, name):
+    """The pp2 run's step-2 checkpoint (DualPipe: 4 holders of the table on 2 ranks, saved by rank 0's first stage):
+    the one process's parameter names (the table once, under the embedding's name; no output layer weight) with its
+    values."""
+    got, want = saved(runs[name], 2)[0], saved(runs["p1_pynative"], 2)[0]
     assert "embedding.word_embeddings.weight" in want and not any("output_layer" in n for n in want)
     assert sorted(got) == sorted(want)
     for name, expect in want.items():

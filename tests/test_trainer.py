@@ -330,11 +330,6 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
          "--parallel.pipeline_config.layers_per_stage", "[1, 0, 0, 1]"],
      ["parallel.pipeline_config.layers_per_stage = [1, 0, 0, 1]: pipeline rank 1 would hold stages [1, 2] with no "
       "layers and no embedding or output layer"]),
-    (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 4,
-         "--parallel.pipeline_config.pipeline_scheduler", "dualpipe", "--model.model_config.tie_word_embeddings",
-         "True"],
-     ["model.model_config.tie_word_embeddings = True with parallel.pipeline_config.pipeline_scheduler = 'dualpipe' "
-      "(two copies of every stage) is not implemented"]),
     (1, ["--model.model_config.vocab_size", 512],
      ["model.model_config.vocab_size = 512: must equal the tokenizer's vocabulary, 384 pieces in "
       "train_dataset.tokenizer_file = "]),
@@ -354,7 +349,7 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
      ["parallel_config.context_parallel = 2 with run_mode = 'predict': prediction keeps the whole sequence on every "
       "rank (a sequence-split KV cache is not designed); set context_parallel: 1"]),
 ], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_schedule",
-         "pipeline_empty_rank", "pipeline_tie_dualpipe", "vocab",
+         "pipeline_empty_rank", "vocab",
         "dataset_dir", "load_checkpoint", "runner", "eval_without_data", "predict_parallel", "cp_predict"])
 def test_bad_config_exits_2_before_any_process_group(tiny, tmp_path, monkeypatch, capsys, workers, extra, expected):
     def no_init(*a, **k):

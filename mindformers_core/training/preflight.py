@@ -308,8 +308,6 @@ class _Checks:
         placeholders (pure logic: the schedule's own validator runs) and check the model fits."""
         cfg, shape, pc = self.cfg, self.shape, self.cfg.parallel_config
         pipe = cfg.parallel.pipeline_config
-        if cfg.model.model_config.tie_word_embeddings:
-            self.tied_pipeline_errors()
         topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
         if isinstance(pipe.layers_per_stage, list):   # (the schema's rules checked the split itself)
             try:
@@ -328,21 +326,6 @@ class _Checks:
             self.errors.append(f"parallel.pipeline_config.pipeline_scheduler = {shape.scheduler!r} with "
                                f"parallel_config.pipeline_stage {pc.pipeline_stage}, pipeline_interleave "
                                f"{pipe.pipeline_interleave}, micro_batch_num {pc.micro_batch_num}: {e}")
-
-    def tied_pipeline_errors(self) -> None:
-        """Tied embeddings under a pipeline: the last stage's output layer multiplies by its own copy of the
-        embedding table, whose gradient the pipeline runtime sums with the first stage's (as for MTP), before the
-        data-parallel reduction (plain or hsdp; the copy counts 0 in the norm). Proven with the one-directional
-        schedules and DualPipeV, with hsdp at pp2 x dp2; the bidirectional DualPipe (a copy of every stage: the
-        table would be held four times over two ranks) is refused."""
-        cfg, shape = self.cfg, self.shape
-        origin = getattr(getattr(cfg, "report", None), "origin", {}) or {}
-        key = origin.get("model.model_config.tie_word_embeddings", "model.model_config.tie_word_embeddings")
-        if shape.scheduler == "dualpipe":
-            self.errors.append(f"{key} = True with parallel.pipeline_config.pipeline_scheduler = 'dualpipe' (two "
-                               "copies of every stage) is not implemented: the tied table's copies on both ends of "
-                               "both directions are not kept equal; use dualpipev, 1f1b or another one-directional "
-                               "schedule, or set tie_word_embeddings: False")
 
     # ------------------------------------------------------------------ files and features
     def files_and_features(self) -> Preflight:
