@@ -277,11 +277,6 @@ class _Checks:
             self.errors.append(f"{key} = {depths}: multi-token prediction with parallel.pipeline_config."
                                "pipeline_scheduler = 'dualpipe' (two copies of every stage) is not implemented; use "
                                "dualpipev, 1f1b or another one-directional schedule")
-        if shape.sharded_dp:
-            self.errors.append(f"{key} = {depths}: multi-token prediction with parallel_config.pipeline_stage = "
-                               f"{shape.pp} and parallel.enable_parallel_optimizer (hsdp) is not implemented (the "
-                               "embedding copy on the last stage is summed outside hsdp's reduction); turn "
-                               "enable_parallel_optimizer off")
         topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
         num_layers = int(cfg.model.model_config.num_layers)
         pipe = cfg.parallel.pipeline_config

@@ -38,6 +38,7 @@ from ..common.graphs import compile_blocking
 from ..optim import AdamW, ClipGradNorm, StepGuard, build_lr_schedule, replication_weights
 from ..optim.update import GradientUpdate
 from ..pipeline.schedules import build_schedule
+from ..sharding.annotations import set_sharding_plan, sharding_plan_of
 from ..sharding.parallelizer import GradientReducer
 from .config import Config, ConfigError
 from .model_builder import BuiltModel
@@ -472,6 +473,7 @@ class _SideInputStage(nn.Cell):
         super().__init__(auto_prefix=False)
         self.chunk, self.last = chunk, last
         self.mtp = last and getattr(chunk, "takes_token_ids", False)
+        _carry_plan(self, chunk)
 
     def construct(self, x, position_ids, segment_ids, labels=None, loss_mask=None, weight=None, token_ids=None):
         if self.mtp:
@@ -488,9 +490,18 @@ class _TokenIdsStage(nn.Cell):
     def __init__(self, chunk: nn.Cell):
         super().__init__(auto_prefix=False)
         self.chunk = chunk
+        _carry_plan(self, chunk)
 
     def construct(self, x, labels, token_ids):
         return self.chunk(x, labels, None, None, None, token_ids)
+
+
+def _carry_plan(wrapper: nn.Cell, chunk: nn.Cell) -> None:
+    """A stage wrapper answers ``sharding_plan_of`` with its chunk's plan: hsdp over the stages reads each stage
+    Cell's data-parallel ranks there (``hsdp/groups.py`` ``plan_dp_ranks``)."""
+    plan = sharding_plan_of(chunk)
+    if plan is not None:
+        set_sharding_plan(wrapper, plan)
 
 
 def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side: bool = False):
