@@ -4,7 +4,7 @@ head vocab-split, the shifted-label cross-entropy over vocab shards) and data pa
 means' token counts over the global batch); losses and the logged ``mtp_loss`` to a relative 1e-5 of one process
 in the same mode. Context parallel 2 (ring, load-balanced: the sequence in storage order, PyNative and jit; Ulysses,
 PyNative): each depth's shift maps a slot to the slot of the token k later (``transformer/mtp.py``), and the logged
-term counts the cp ranks' partial sums once. On 4 workers, pp2 x dp2 with hsdp (level2 PyNative, level3 jit): the
+term counts the cp ranks' partial sums once. On 4 workers, pp2 x dp2 with hsdp (level2 jit, level3 PyNative): the
 last stage's copy of the embedding, its gradient summed with the first stage's before hsdp's reduction and counted 0
 in the norm. (More MTP under pipeline parallelism: tests/test_deepseek_pp_msrun.py and
 tests/test_deepseek_yaml_msrun.py.)
@@ -35,7 +35,9 @@ PP2_DP2_HSDP = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2,
                 "--parallel_config.micro_batch_num", 2, "--runner_config.batch_size", 1,
                 "--parallel.enable_parallel_optimizer", "True", "--hsdp.optimizer_level"]
 RUNS = [("tp2", "jit"), ("dp2", "pynative"), ("cp2", "pynative"), ("cp2", "jit"), ("cp2_ulysses", "pynative")]
-FOUR_RUNS = [("pp2_dp2_hsdp2", "pynative"), ("pp2_dp2_hsdp3", "jit")]
+# level3 in PyNative: under jit its last stage's first step (one compiled island per unit, the MTP layer's too)
+# outlasted the CPU all-reduce's wait of the other stage's ranks in the loaded suite (it passed alone, 2.5e-7)
+FOUR_RUNS = [("pp2_dp2_hsdp2", "jit"), ("pp2_dp2_hsdp3", "pynative")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,8 +51,8 @@ def plan():
            argv(config, out["cp2_pynative"], "--mode", 1, *MTP, *CP2),
            argv(config, out["cp2_jit"], "--mode", 0, *MTP, *CP2),
            argv(config, out["cp2_ulysses_pynative"], "--mode", 1, *MTP, *ULYSSES)]
-    four = [argv(config, out["pp2_dp2_hsdp2_pynative"], "--mode", 1, *MTP, *PP2_DP2_HSDP, "level2"),
-            argv(config, out["pp2_dp2_hsdp3_jit"], "--mode", 0, *MTP, *PP2_DP2_HSDP, "level3")]
+    four = [argv(config, out["pp2_dp2_hsdp2_jit"], "--mode", 0, *MTP, *PP2_DP2_HSDP, "level2"),
+            argv(config, out["pp2_dp2_hsdp3_pynative"], "--mode", 1, *MTP, *PP2_DP2_HSDP, "level3")]
     return config, out, two, four
 
 
