@@ -268,8 +268,8 @@ class _Checks:
 
     def mtp_pipeline_errors(self, key: str, depths) -> None:
         """MTP under a pipeline: the depths sit on the last stage with a copy of the embedding (its gradient summed
-        with the first stage's by the pipeline runtime). Proven with the plain update and the one-directional
-        schedules and DualPipeV; the bidirectional DualPipe and hsdp are refused (not proven), and so is a layer
+        with the first stage's by the pipeline runtime). Proven with the plain update and hsdp, the one-directional
+        schedules and DualPipeV; the bidirectional DualPipe is refused (not proven), and so is a layer
         split giving the last stage no decoder layer (MindFormers counts the MTP layers in the last stage's share
         of its split: a last stage without layers has no room for them)."""
         cfg, shape = self.cfg, self.shape
