@@ -6,7 +6,8 @@ in the same mode. Context parallel 2 (ring, load-balanced: the sequence in stora
 PyNative): each depth's shift maps a slot to the slot of the token k later (``transformer/mtp.py``), and the logged
 term counts the cp ranks' partial sums once. On 4 workers, pp2 x dp2 with hsdp (level2 jit, level3 PyNative): the
 last stage's copy of the embedding, its gradient summed with the first stage's before hsdp's reduction and counted 0
-in the norm. (More MTP under pipeline parallelism: tests/test_deepseek_pp_msrun.py and
+in the norm. The bidirectional DualPipe at pp2 (both modes): each of the 2 ranks holds the first stage in one
+direction and the last in the other, sharing one table Parameter between them. (More MTP under pipeline parallelism: tests/test_deepseek_pp_msrun.py and
 tests/test_deepseek_yaml_msrun.py.)
 
 The two runs go in turn (``run_many``) in the suite's batched 2-worker launch (tests/msrun_batch.py); the
@@ -34,7 +35,10 @@ ULYSSES = [*CP2, "--parallel_config.context_parallel_algo", "ulysses"]
 PP2_DP2_HSDP = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.data_parallel", 2,
                 "--parallel_config.micro_batch_num", 2, "--runner_config.batch_size", 1,
                 "--parallel.enable_parallel_optimizer", "True", "--hsdp.optimizer_level"]
-RUNS = [("tp2", "jit"), ("dp2", "pynative"), ("cp2", "pynative"), ("cp2", "jit"), ("cp2_ulysses", "pynative")]
+DUALPIPE = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 4,
+            "--runner_config.batch_size", 1, "--parallel.pipeline_config.pipeline_scheduler", "dualpipe"]
+RUNS = [("tp2", "jit"), ("dp2", "pynative"), ("cp2", "pynative"), ("cp2", "jit"), ("cp2_ulysses", "pynative"),
+        ("pp2_dualpipe", "pynative"), ("pp2_dualpipe", "jit")]
 # level3 in PyNative: under jit its last stage's first step (one compiled island per unit, the MTP layer's too)
 # outlasted the CPU all-reduce's wait of the other stage's ranks in the loaded suite (it passed alone, 2.5e-7)
 FOUR_RUNS = [("pp2_dp2_hsdp2", "jit"), ("pp2_dp2_hsdp3", "pynative")]
@@ -50,7 +54,9 @@ def plan():
            argv(config, out["dp2_pynative"], "--mode", 1, *MTP, *DP2),
            argv(config, out["cp2_pynative"], "--mode", 1, *MTP, *CP2),
            argv(config, out["cp2_jit"], "--mode", 0, *MTP, *CP2),
-           argv(config, out["cp2_ulysses_pynative"], "--mode", 1, *MTP, *ULYSSES)]
+           argv(config, out["cp2_ulysses_pynative"], "--mode", 1, *MTP, *ULYSSES),
+           argv(config, out["pp2_dualpipe_pynative"], "--mode", 1, *MTP, *DUALPIPE),
+           argv(config, out["pp2_dualpipe_jit"], "--mode", 0, *MTP, *DUALPIPE)]
     four = [argv(config, out["pp2_dp2_hsdp2_jit"], "--mode", 0, *MTP, *PP2_DP2_HSDP, "level2"),
             argv(config, out["pp2_dp2_hsdp3_pynative"], "--mode", 1, *MTP, *PP2_DP2_HSDP, "level3")]
     return config, out, two, four

@@ -269,14 +269,10 @@ class _Checks:
     def mtp_pipeline_errors(self, key: str, depths) -> None:
         """MTP under a pipeline: the depths sit on the last stage with a copy of the embedding (its gradient summed
         with the first stage's by the pipeline runtime). Proven with the plain update and hsdp, the one-directional
-        schedules and DualPipeV; the bidirectional DualPipe is refused (not proven), and so is a layer
-        split giving the last stage no decoder layer (MindFormers counts the MTP layers in the last stage's share
+        schedules, DualPipeV and the bidirectional DualPipe. Refused: a layer split giving the last stage no decoder
+        layer (MindFormers counts the MTP layers in the last stage's share
         of its split: a last stage without layers has no room for them)."""
         cfg, shape = self.cfg, self.shape
-        if shape.scheduler == "dualpipe":
-            self.errors.append(f"{key} = {depths}: multi-token prediction with parallel.pipeline_config."
-                               "pipeline_scheduler = 'dualpipe' (two copies of every stage) is not implemented; use "
-                               "dualpipev, 1f1b or another one-directional schedule")
         topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
         num_layers = int(cfg.model.model_config.num_layers)
         pipe = cfg.parallel.pipeline_config
