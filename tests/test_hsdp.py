@@ -333,6 +333,28 @@ def test_level3_unit_patterns_group_blocks():
         _unit_names(["decoder.layers.*"])
 
 
+class _TiedHead(nn.Cell):
+    mfc_parameter_arguments = True       # handed the embedding table (sharding.annotations)
+
+    def construct(self, x, table):
+        return ops.matmul(x, table.T)
+
+
+class _TiedModel(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, 8)
+        self.layers = nn.CellList([_Block()])
+        self.head = _TiedHead()
+
+
+def test_level3_a_cell_handed_a_parameter_is_a_unit():
+    """The tied output layer owns no weight but multiplies by the embedding table it is handed: it is a unit (its
+    hooks gather the Parameters among its arguments), unless a pattern's unit holds it."""
+    assert _unit_names(None, _TiedModel()) == ["embed", "layers.0.up", "layers.0.down", "head"]
+    assert _unit_names(["layers.*"], _TiedModel()) == ["layers.0", "embed", "head"]
+
+
 def test_level3_units_argument_checks(monkeypatch):
     monkeypatch.setattr(hsdp_cell, "new_group", lambda ranks: pytest.fail("group created"))
     with pytest.raises(ValueError, match=r"units=\['layers\.\*'\] only apply to optimizer_level='level3' "

@@ -6,7 +6,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
-from mindformers_core.transformer import GPTModel, TransformerConfig
+from mindformers_core.transformer import GPTModel, TransformerConfig, gpt_layer_spec
 
 V, S, H = 32, 8, 16
 
@@ -122,11 +122,32 @@ def test_mtp_with_tied_embeddings_and_moe_layers():
     (dict(mtp_num_layers=1.5), "mtp_num_layers=1.5"),
     (dict(mtp_loss_scaling_factor=-0.1), "mtp_loss_scaling_factor=-0.1"),
     (dict(pipeline_model_parallel_size=2, tie_word_embeddings=True), "tie_word_embeddings=True"),
-    (dict(context_parallel_size=2), "context parallelism"),
 ])
 def test_bad_mtp_configs_are_named(kw, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         cfg(**kw)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_the_shift_follows_the_context_parallel_storage_order(k):
+    """Under load-balanced cp2 the sequence is held in storage order (slots 0..15 hold tokens 0-3, 12-15, 4-7, 8-11):
+    depth k's index takes each slot to the slot of the token k later, and a slot is past the end when its token
+    is among the last k, so a sequence in storage order shifted by the index, put back in token order, is the
+    token-order sequence shifted by k (NumPy)."""
+    from mindformers_core.common.sequence_placement import from_storage_order, to_storage_order
+    from mindformers_core.transformer.mtp import MultiTokenPredictionLayer, shifted_index
+    seq = 16
+    c = cfg(seq_length=seq, context_parallel_size=2, mtp_num_layers=1)
+    pos = np.asarray(c.token_positions())
+    assert list(pos[:8]) == [0, 1, 2, 3, 12, 13, 14, 15]
+    tokens = np.arange(100, 100 + seq)[None]
+    stored = to_storage_order(tokens, pos)
+    index = shifted_index(seq, k, pos)
+    want = np.minimum(np.arange(seq) + k, seq - 1) + 100
+    assert np.array_equal(from_storage_order(stored[:, index], pos)[0], want)
+    layer = MultiTokenPredictionLayer(c, k, gpt_layer_spec, GPTModel(c).embedding.word_embeddings.weight)
+    assert np.array_equal(layer.shift_index.asnumpy(), index)
+    assert np.array_equal(from_storage_order(layer.in_range.asnumpy(), pos)[0], np.arange(seq) + k < seq)
 
 
 def test_mtp_names_map_to_deepseek_checkpoint_names_and_back():

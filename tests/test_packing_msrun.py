@@ -4,8 +4,20 @@ cp chunk) gives the loss and gradients of A and B as two padded rows on one proc
 the context-parallel kernel as the whole-sequence mask (``ContextParallelAttention(masked=True)``: k/v gathered
 over the ring, each local query under its rows of the mask).
 
-The bodies run in the suite's batched 2-worker launch (tests/msrun_batch.py); the one-process reference runs
-here."""
+Packed rows through the pipeline microbatches of hsdp and of DualPipe: MindFormers' real ``finetune_qwen3.yaml``
+(HFDataLoader, Alpaca handler, PackingHandler pack: loss_mask, position_ids, segment_ids) through
+``run_mindformer.py``, 2 steps, equals one process with the same 4 rows a step (each step's loss and grad norm to
+1e-5, the Hugging Face export at the end to 1e-5 of each tensor's largest magnitude): DualPipeV (jit) and the
+bidirectional DualPipe (PyNative) at pp2 with 4 microbatches of a row, and on 4 workers pp2 x dp2 with hsdp level2
+(jit, the YAML's mode) and level3 (PyNative), 2 microbatches of a row per replica. The microbatches hold different
+numbers of unmasked tokens, so the runtime's token weights (``TokenWeights``, counted over dp) matter.
+
+The bodies run in the suite's batched 2-worker (and 4-worker) launches (tests/msrun_batch.py); the one-process
+references run here."""
+import functools
+import os
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -151,3 +163,91 @@ def test_the_boundary_is_inside_a_cp_chunk_and_the_documents_differ_from_one():
     model = GPTModel(make_config())
     leaky = {k: v for k, v in packed_batch().items() if k != "segment_ids"}
     assert abs(float(model(*model_args(leaky, Tensor)).asnumpy()) - references()["pynative"][0]) > 1e-4
+
+
+# ---------------------------------------------------------------- the trainer: hsdp and DualPipe microbatches
+PP2 = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2]
+FOUR_MICRO = [*PP2, "--parallel_config.micro_batch_num", 4, "--runner_config.batch_size", 1]   # a row each
+# hsdp on 4 workers: pp2 x dp2, each replica 2 microbatches of a row (the token weights counted over dp)
+HSDP = [*PP2, "--parallel_config.data_parallel", 2, "--parallel_config.micro_batch_num", 2,
+        "--runner_config.batch_size", 1, "--parallel.enable_parallel_optimizer", "True", "--hsdp.optimizer_level"]
+DUALPIPE = [*FOUR_MICRO, "--parallel.pipeline_config.pipeline_scheduler"]
+# DualPipeV on the 2-layer fixture: 4 stages, rank 0 the first and last; the YAML's full recompute off (its stage
+# map ignores an explicit layers_per_stage: recompute/api.py stage_map)
+V = ["--parallel.pipeline_config.pipeline_interleave", 2, "--parallel.pipeline_config.layers_per_stage",
+     "[1, 1, 0, 0]", "--recompute_config.recompute", "False"]
+PIPELINE_RUNS = {"pp2_dualpipev_jit": (0, [*DUALPIPE, "dualpipev", *V]),
+                 "pp2_dualpipe_pynative": (1, [*DUALPIPE, "dualpipe"])}
+FOUR_RUNS = {"pp2_dp2_hsdp2_jit": (0, [*HSDP, "level2"]), "pp2_dp2_hsdp3_pynative": (1, [*HSDP, "level3"])}
+
+
+@functools.lru_cache(maxsize=None)
+def pipeline_plan():
+    """Output folders (each with ``<name>_hf``, its export) and the 2-worker argvs (once per process)."""
+    from tests.test_sft_msrun import SHORT, argv
+    base = tempfile.mkdtemp(prefix="packing_pp_msrun_")
+    names = ["one_jit", "one_pynative", *PIPELINE_RUNS, *FOUR_RUNS]
+    out = {k: os.path.join(base, k) for name in names for k in (name, f"{name}_hf")}
+
+    def run(name, flag, *extra):
+        return argv(out[name], "--mode", flag, *extra, *SHORT, "--export_hf_dir", out[f"{name}_hf"])
+    return (out, run, [run(name, flag, *extra) for name, (flag, extra) in PIPELINE_RUNS.items()],
+            [run(name, flag, *extra) for name, (flag, extra) in FOUR_RUNS.items()])
+
+
+PIPELINES = job("packing_pp2_dualpipe", 2, "tests.test_sft_msrun:run_one",
+                lambda: {"argvs": pipeline_plan()[2]}, timeout=900, group=__name__)
+PIPELINES_HSDP = job("packing_pp2_dp2_hsdp", 4, "tests.test_sft_msrun:run_one",
+                     lambda: {"argvs": pipeline_plan()[3]}, timeout=900, group=__name__)
+
+
+@computed_ahead
+def pipeline_references():
+    """One process, the same 4 rows a step, jit and PyNative."""
+    import run_mindformer
+    out, run, _, _ = pipeline_plan()
+    for name, flag in (("one_jit", 0), ("one_pynative", 1)):
+        assert run_mindformer.main(run(name, flag, "--use_parallel", "False", "--parallel_config.data_parallel", 1,
+                                       "--runner_config.batch_size", 4)) == 0
+
+
+@pytest.fixture(scope="module")
+def pipeline_runs():
+    out, _, two, four = pipeline_plan()
+    pipeline_references()
+    assert PIPELINES.results() == [[0] * len(two)] * 2
+    assert PIPELINES_HSDP.results() == [[0] * len(four)] * 4
+    return out
+
+
+@pytest.mark.parametrize("name", [*PIPELINE_RUNS, *FOUR_RUNS])
+def test_packed_rows_through_hsdp_and_dualpipe_microbatches_equal_one_process(pipeline_runs, name):
+    from mindformers_core.models.hf.folder import open_folder
+    from tests.test_trainer import records
+    from tests.test_trainer_msrun import assert_close
+    one, got = records(pipeline_runs[f"one_{name.rsplit('_', 1)[1]}"]), records(pipeline_runs[name])
+    assert len(one) == 2 and all(np.isfinite(r["loss"]) for r in one) and one[1]["loss"] < one[0]["loss"]
+    for key in ("loss", "grad_norm"):
+        assert_close([r[key] for r in got], [r[key] for r in one])
+    mode = name.rsplit("_", 1)[1]
+    want, have = open_folder(pipeline_runs[f"one_{mode}_hf"]), open_folder(pipeline_runs[f"{name}_hf"])
+    assert sorted(have.tensors) == sorted(want.tensors)
+    with want.reader() as a, have.reader() as b:
+        for tensor in want.tensors:
+            expect = a(tensor)
+            err = np.abs(b(tensor) - expect).max() / max(np.abs(expect).max(), 1e-12)
+            assert err <= 1e-5, f"{name}: {tensor} differs by {err:.2e} of its largest magnitude"
+
+
+def test_the_pipeline_microbatches_hold_different_token_counts():
+    """The premise of the weighting: the 4 microbatches (a packed row each) of a step keep different numbers of
+    target tokens (with equal counts a mean of microbatch means would pass too)."""
+    import yaml
+    from mindformers_core.data import HFTokenizer, build_sft_rows, load_hf_dataset
+    from tests.test_sft_msrun import ALPACA, FOLDER, YAML
+    with open(YAML) as f:
+        chain = yaml.safe_load(f)["train_dataset"]["data_loader"]["handler"]
+    rows = build_sft_rows(load_hf_dataset(ALPACA, cache_dir=tempfile.mkdtemp(prefix="packing_rows_")), chain,
+                          HFTokenizer(FOLDER), 256)
+    counts = [float(np.asarray(r["loss_mask"]).sum()) for r in rows[:4]]
+    assert len(set(counts)) > 1, counts

@@ -321,10 +321,6 @@ def test_bad_data_is_named_before_anything_trains(tmp_path, capsys, records, cas
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 4,
-      "--parallel.pipeline_config.pipeline_scheduler", "dualpipe"],
-     "train_dataset.data_loader.type = 'HFDataLoader' feeds ['loss_mask', 'position_ids', 'segment_ids'] with "
-     "parallel_config.pipeline_stage = 2: hsdp (parallel.enable_parallel_optimizer) and DualPipe do not carry them"),
     (["--parallel_config.data_parallel", 2, "--pretrained_model_dir", "''", "--load_checkpoint", "''",
       "--model.model_config.num_layers", 2,
       "--model.model_config.hidden_size", 32, "--model.model_config.num_heads", 4,

@@ -327,10 +327,8 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
       "pipeline_interleave 2, micro_batch_num 3: ScheduleDualPipeV: "]),
     (2, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 2,
          "--parallel.pipeline_config.pipeline_scheduler", "zbv", "--parallel.pipeline_config.pipeline_interleave", 2,
-         "--parallel.pipeline_config.layers_per_stage", "[1, 0, 0, 1]", "--model.model_config.tie_word_embeddings",
-         "True"],
-     ["model.model_config.tie_word_embeddings = True: with parallel_config.pipeline_stage = 2 the embedding",
-      "parallel.pipeline_config.layers_per_stage = [1, 0, 0, 1]: pipeline rank 1 would hold stages [1, 2] with no "
+         "--parallel.pipeline_config.layers_per_stage", "[1, 0, 0, 1]"],
+     ["parallel.pipeline_config.layers_per_stage = [1, 0, 0, 1]: pipeline rank 1 would hold stages [1, 2] with no "
       "layers and no embedding or output layer"]),
     (1, ["--model.model_config.vocab_size", 512],
      ["model.model_config.vocab_size = 512: must equal the tokenizer's vocabulary, 384 pieces in "
@@ -351,7 +349,7 @@ UNSAFE = "seed: !!python/object/apply:os.system ['touch {marker}']\n"
      ["parallel_config.context_parallel = 2 with run_mode = 'predict': prediction keeps the whole sequence on every "
       "rank (a sequence-split KV cache is not designed); set context_parallel: 1"]),
 ], ids=["workers", "micro_batch", "layers", "heads", "unknown_key", "types", "pipeline_schedule",
-         "pipeline_tie_and_empty_rank", "vocab",
+         "pipeline_empty_rank", "vocab",
         "dataset_dir", "load_checkpoint", "runner", "eval_without_data", "predict_parallel", "cp_predict"])
 def test_bad_config_exits_2_before_any_process_group(tiny, tmp_path, monkeypatch, capsys, workers, extra, expected):
     def no_init(*a, **k):

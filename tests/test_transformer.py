@@ -253,8 +253,34 @@ def test_tied_embeddings_train_and_share_the_table():
     losses = _train(model, 3)
     assert losses[-1] < losses[0]
     assert not np.array_equal(before, model.embedding.word_embeddings.weight.asnumpy())
-    with pytest.raises(ValueError, match="tie_word_embeddings"):
-        GPTModel(tiny(tie_word_embeddings=True), post_process=False)
+
+
+def test_tied_pipeline_stages_equal_the_whole_model():
+    """pp2 in one process with tied embeddings: the last stage holds a copy of the table (the embedding's name and
+    values) and its output layer multiplies by that copy (the same Parameter); the loss is the whole model's, and
+    the two copies' table gradients sum to the whole model's (what the runtime's ``_sum_tied`` does)."""
+    ms.set_seed(5)
+    whole = GPTModel(tiny(tie_word_embeddings=True))
+    first = GPTModel(tiny(tie_word_embeddings=True, pipeline_model_parallel_size=2), pp_rank=0)
+    last = GPTModel(tiny(tie_word_embeddings=True, pipeline_model_parallel_size=2), pp_rank=1)
+    assert last.embedding_copy and not last.takes_token_ids and not first.embedding_copy
+    name = "embedding.word_embeddings.weight"
+    assert [p.name for p in last.trainable_params()].count(name) == 1
+    assert last.output_layer.weight is last.embedding.word_embeddings.weight
+    table = {p.name: p for p in last.trainable_params()}[name]
+    assert np.array_equal(table.asnumpy(), {p.name: p for p in whole.trainable_params()}[name].asnumpy())
+    ids, labels = batch(3)
+    loss, grads = ms.value_and_grad(whole, None, whole.trainable_params())(ids, labels)
+    hidden = first(ids)
+    staged, (d_hidden, last_grads) = ms.value_and_grad(lambda h: last(h, labels), 0, last.trainable_params())(hidden)
+    _, first_grads = ms.value_and_grad(lambda x: (first(x) * d_hidden).sum(), None, first.trainable_params())(ids)
+    assert abs(float(staged) - float(loss)) < 1e-6 * float(loss)
+
+    def grad_of(model, gs):
+        return gs[[p.name for p in model.trainable_params()].index(name)].asnumpy()
+    want = grad_of(whole, grads)
+    assert np.abs(grad_of(first, first_grads) + grad_of(last, last_grads) - want).max() < 1e-6 * np.abs(want).max()
+    assert np.abs(grad_of(last, last_grads)).max() > 1e-2 * np.abs(want).max()      # the output layer's share
 
 
 def test_float16_compute_and_dropout():

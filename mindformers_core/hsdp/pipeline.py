@@ -219,12 +219,19 @@ class PipelineTrainStep:
 
         self.fn = compile_blocking(reduce_and_update) if mode == "jit" else reduce_and_update
 
-    def __call__(self, inputs=None, labels=None, config=None):
+    def __call__(self, inputs=None, labels=None, config=None, microbatches=None):
+        """``microbatches``: ``(xs, ys, side)`` already split (``schedule.run_microbatches``: per-microbatch inputs,
+        labels and side inputs every stage takes, e.g. a packed row's positions and documents) instead of
+        ``inputs`` / ``labels`` split by ``config``."""
         wrapped = self.wrapped
         if self.units is not None and wrapped.holds_full_params:
             raise RuntimeError("hsdp level3: the train step runs on the shards (each unit gathers its own "
                                "weights); call it outside `with wrapped.unsharded():`")
-        loss = self.schedule.run(inputs, labels, mode=self.mode, config=config)
+        if microbatches is not None:
+            xs, ys, side = microbatches
+            loss = self.schedule.run_microbatches(xs, ys, mode=self.mode, side=side)
+        else:
+            loss = self.schedule.run(inputs, labels, mode=self.mode, config=config)
         made = loss
         if self.units is not None:
             self.units.check_closed()

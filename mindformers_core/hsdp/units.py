@@ -7,7 +7,8 @@ whole block into one unit (one bucketed all-gather per call instead of one per l
 do the work, so the model code is untouched:
 
 * forward pre-hook: gather (every sharded parameter of the unit, plus any sharded Parameter
-  passed to it as an argument, e.g. a tied embedding weight handed to the output layer);
+  passed to it as an argument, e.g. a tied embedding weight handed to the output layer: a Cell marked
+  ``takes_parameter_arguments``, which owns no weight, is a unit of its own for that reason);
 * forward hook: shrink back to the shards;
 * backward pre-hook: gather again (the autograd tape reads a Parameter's data when the backward
   runs, not a copy saved by the forward: the full weights do not outlive the forward);
@@ -30,7 +31,7 @@ import mindspore as ms
 from mindspore import Parameter, mint, nn
 from mindspore.common.api import _no_grad, _pynative_executor
 
-from ..sharding.annotations import replaces_inner
+from ..sharding.annotations import replaces_inner, takes_parameter_arguments
 from ..sharding.boundary import inner_attribute
 
 
@@ -44,7 +45,9 @@ def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Opti
     """(name, Cell) of every unit: the topmost Cells whose name matches one of ``patterns``, then
     every Cell holding a sharded parameter not inside one of them (all holders of a shared one; the network itself when it
     owns one directly; the caller of the owner when it computes in the owner's place without
-    calling it, like parallelize's vocab-parallel lookup). Raises ValueError when a pattern matches nothing."""
+    calling it, like parallelize's vocab-parallel lookup), and every Cell handed a Parameter as an argument
+    (``takes_parameter_arguments``: the tied output layer, whose hooks gather the embedding table it reads) not
+    inside a unit. Raises ValueError when a pattern matches nothing."""
     named = list(network.cells_and_names())
     units: List[Tuple[str, nn.Cell]] = []
     covered = set()
@@ -73,6 +76,9 @@ def select_units(network: nn.Cell, sharded: Dict[int, Parameter], patterns: Opti
             unit_name, unit = parent[id(unit)]
         if all(u is not unit for _, u in units):
             units.append((unit_name, unit))
+    for name, cell in named:
+        if takes_parameter_arguments(cell) and all(u is not cell and not name.startswith(n + ".") for n, u in units):
+            units.append((name, cell))
     return units
 
 

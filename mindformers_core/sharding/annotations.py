@@ -5,7 +5,9 @@ its global shape and the mesh axes its gradient must still be summed over; on th
 sharding plan. Other packages (optim's clipping weights, hsdp, the trainer's checkpointing) ask
 these functions instead of reading attributes, so the attribute names are this module's business.
 A Cell class may set ``REPLACES_INNER_ATTR`` to True when it reads an inner Cell's weight without
-calling that Cell (so no hook of the inner Cell runs): see :func:`replaces_inner`.
+calling that Cell (so no hook of the inner Cell runs): see :func:`replaces_inner`; and
+``PARAMETER_ARGUMENTS_ATTR`` when it is handed a model Parameter as a call argument (a tied output layer, the
+embedding table): see :func:`takes_parameter_arguments`.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Tuple
 
 _LAYOUT, _GLOBAL_SHAPE, _GRAD_AXES, _PLAN = "mfc_layout", "mfc_global_shape", "mfc_grad_axes", "mfc_sharding_plan"
 REPLACES_INNER_ATTR = "mfc_replaces_inner"
+PARAMETER_ARGUMENTS_ATTR = "mfc_parameter_arguments"
 
 
 def annotate_parameter(param, layout, global_shape: Tuple[int, ...], grad_axes: Tuple[str, ...]) -> None:
@@ -56,3 +59,10 @@ def replaces_inner(cell) -> bool:
     """True when ``cell`` computes with an inner Cell's weight without calling that Cell (a parallel
     kernel swapped in around it): hooks on the inner Cell never run, so wrap ``cell`` instead."""
     return bool(getattr(cell, REPLACES_INNER_ATTR, False))
+
+
+def takes_parameter_arguments(cell) -> bool:
+    """True when ``cell`` owns no weight of its own but is handed a model Parameter as a call argument (the tied
+    output layer, given the embedding table): a memory strategy that gathers each Cell's parameters around its
+    calls (hsdp level3) must make it a unit of its own and gather the Parameters among its arguments."""
+    return bool(getattr(cell, PARAMETER_ARGUMENTS_ATTR, False))

@@ -48,8 +48,9 @@ class BuiltModel:
     moe: object = None          # a MoEMonitor (training/moe_log.py) for a mixture-of-experts model
     copies: tuple = ()          # DualPipe: the up copy's parameters (same names as a down copy's elsewhere)
     mtp: object = None          # an MTPMonitor (training/mtp_log.py) for a model with multi-token prediction
-    tied: tuple = ()            # names of parameters several model stages hold (MTP: the embedding on the first and
-                                # the last stage); the pipeline sums their gradients (pipeline/runtime.py _sum_tied)
+    tied: tuple = ()            # names of parameters several model stages hold (the embedding on the first and the
+                                # last stage: tied embeddings, MTP); the pipeline sums their gradients
+                                # (pipeline/runtime.py _sum_tied)
 
     @property
     def model(self):
@@ -78,7 +79,7 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
         problems = lora_stage_problems(cfg, shape, counts)   # the measured split: every rank decides alike
         if problems:
             raise ConfigError(problems)
-    chunks, tied_copies = [], []
+    chunks, has_copy = [], False
     for s in topo.stages:
         ms.set_seed(int(cfg.seed))          # every stage starts from the seed: same weights as one process
         if shape.pp == 1:
@@ -98,19 +99,19 @@ def build_model(cfg: Config, shape: JobShape, topo: Topology, micro_batch: int, 
             numbers = chunk.decoder.layer_numbers    # local layer i is global layer numbers[i] - 1
             _draw_not_held(deferred, chunk, held, numbers)
             _parallelize_stage(chunk, mcfg, k, topo, mesh, ids, side=len(batch_samples(cfg, ids)) > 2)
-            if getattr(chunk, "embedding_copy", False):   # MTP on the last stage: saved once, by the first stage
-                tied_copies += list(chunk.embedding.get_parameters())
+            if getattr(chunk, "embedding_copy", False):   # tied / MTP on the last stage: saved once, by the first
+                has_copy = True
             for p in chunk.get_parameters():         # the expert bias (model state in checkpoints) too
                 p.name = global_param_name(p.name, numbers)
         _apply_recompute(cfg, chunk, topo.rank, log)
         chunks.append(chunk)
-    if tied_copies and shape.pp > 1 and topo.model_stage(topo.stages[0]) == 0:
-        tied_copies = _share_embedding(chunks)
+    if has_copy and {0, topo.model_stage_num - 1} <= {topo.model_stage(s) for s in topo.stages}:
+        _share_embedding(chunks)
     params = list({id(p): p for chunk in chunks for p in chunk.trainable_params()}.values())   # a shared one once
     moe = moe_monitor(chunks, mcfg)   # pipeline: every rank joins its all-reduce (stages gathered there)
-    copies = tuple(p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters())
-    copies += tuple(p for p in tied_copies if all(p is not q for q in copies))
-    tied = ("embedding.word_embeddings.weight",) if shape.pp > 1 and mcfg.mtp_depths else ()
+    copies = _copies(chunks, topo)
+    tied = ("embedding.word_embeddings.weight",) if shape.pp > 1 and (mcfg.mtp_depths or mcfg.tie_word_embeddings) \
+        else ()
     return BuiltModel(mcfg, chunks, params, sharding_plan_of(chunks[0]), moe, copies, mtp_monitor(chunks, mcfg), tied)
 
 
@@ -154,16 +155,29 @@ def _draw_not_held(deferred, chunk, held, numbers: Optional[Sequence[int]] = Non
                                  and folder_holds(adapter, global_param_name(p.name, numbers), p.shape, tensors)])
 
 
-def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> list:
-    """This rank runs the first model stage and the last one too (DualPipeV's V): the last stage's MTP
-    embedding is the first stage's Parameter itself (one name per rank; the pipeline sums the two stages'
-    gradients of it, ``pipeline/runtime.py`` ``_sum_tied``). Set after both are sharded alike (the same vocab
-    split): the Cell holding the copy (the sharding pass may have wrapped it) takes the first's. Returns no copies."""
+def _copies(chunks, topo: Topology) -> tuple:
+    """The parameters this rank holds that another holds under the same name and saves: DualPipe's up copies, and
+    the last stage's copy of the embedding table (tied output layer, MTP), unless it is the first model stage's own
+    Parameter (shared on a rank holding both ends, ``_share_embedding``)."""
+    held = [p for chunk, s in zip(chunks, topo.stages) if topo.is_copy(s) for p in chunk.get_parameters()]
+    held += [p for chunk in chunks if getattr(chunk, "embedding_copy", False) for p in chunk.embedding.get_parameters()]
+    owned = {id(p) for chunk, s in zip(chunks, topo.stages) if not topo.is_copy(s) and topo.model_stage(s) == 0
+             for p in chunk.get_parameters()}
+    return tuple({id(p): p for p in held if id(p) not in owned}.values())
+
+
+def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> None:
+    """This rank runs the first model stage and the last one too (DualPipeV's V on rank 0; the bidirectional
+    DualPipe on its end ranks, one of the two stages being an up copy): the embedding table of the other chunks
+    (the last stage's copy for its tied output layer or MTP, or an up copy's own) is the first chunk's Parameter
+    itself (one name per rank; the pipeline sums the stages' gradients of it, ``pipeline/runtime.py``
+    ``_sum_tied``). Set after all are sharded alike (the same vocab split): the Cells holding the others (the
+    sharding pass may have wrapped them) take the first's."""
     shared = next(p for p in chunks[0].get_parameters() if p.name == name)
     for chunk in chunks[1:]:
-        if not getattr(chunk, "embedding_copy", False):
+        copy = next((p for p in chunk.get_parameters() if p.name == name), None)
+        if copy is None:
             continue
-        copy = next(p for p in chunk.get_parameters() if p.name == name)
         if tuple(copy.shape) != tuple(shared.shape):
             raise ValueError(f"{name}: the last stage's copy {tuple(copy.shape)} is sharded unlike the first "
                              f"stage's {tuple(shared.shape)}")
@@ -171,7 +185,6 @@ def _share_embedding(chunks, name: str = "embedding.word_embeddings.weight") -> 
         for cell, key in holders:
             setattr(cell, key, shared)
         shared.name = name          # (MindSpore renames a Parameter a new Cell takes)
-    return []
 
 
 def predict_model(spec, cfg: Config, shape: JobShape, mcfg, topo: Topology, log=print, held=None) -> BuiltModel:
@@ -333,8 +346,8 @@ def _parallelize_stage(chunk, mcfg, s: int, topo: Topology, mesh, ids: np.ndarra
     the previous stage's layers leave them; labels are split over dp and cp like the ids. ``side``
     (fine-tuning data): every stage also takes position_ids and segment_ids, the last the loss_mask, in
     the model's argument order (training/steps.py ``_SideInputStage``). A last stage with multi-token
-    prediction (``embedding_copy``) also takes the microbatch's ids (``token_ids``), split like the labels."""
-    mtp_ids = [ids] if s == topo.model_stage_num - 1 and getattr(chunk, "embedding_copy", False) else []
+    prediction (``takes_token_ids``) also takes the microbatch's ids (``token_ids``), split like the labels."""
+    mtp_ids = [ids] if s == topo.model_stage_num - 1 and getattr(chunk, "takes_token_ids", False) else []
     if side:
         dpx = "dp" if topo.dp > 1 else "None"
         seq_axes = tuple(a for a, on in (("cp", topo.cp > 1), ("tp", mcfg.sequence_parallel)) if on)

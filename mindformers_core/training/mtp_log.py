@@ -4,8 +4,9 @@ Every forward of a model with MTP depths adds the term it adds to the loss (``mt
 sum_k loss_k``, ``transformer/mtp.py``) to its probe's ``loss_sum`` and 1 to ``forwards``. After a step the monitor
 sums both over the ranks (one all-reduce of two numbers), reports the term per micro-batch (as ``loss`` is) as
 ``mtp_loss`` in ``loss.jsonl`` and ``mtp <value>`` on the console line, and resets them. A rank records its part
-of the term: the masked means are partial sums over the data-parallel ranks (the pass reduces them after the
-probe) and complete on every tensor-parallel rank, so the term is ``sum(loss_sum) x dp / sum(forwards)``.
+of the term: the masked means are partial sums over the data-parallel and context-parallel ranks (the pass
+reduces them after the probe; cp splits the sequence) and complete on every tensor-parallel rank, so the term is
+``sum(loss_sum) x dp x cp / sum(forwards)``.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class MTPMonitor:
     """Reads, reduces and resets the MTP probes of ``model`` (a model, or this rank's list of chunks)."""
 
     def __init__(self, model, data_parallel: int = 1):
-        self.dp = data_parallel
+        self.dp = data_parallel             # the ranks holding partial sums of one term: dp x cp
         chunks = model if isinstance(model, (list, tuple)) else [model]
         self.probes = [c for chunk in chunks for _, c in chunk.cells_and_names() if isinstance(c, MTPLossProbe)]
         group = world_group()
@@ -51,7 +52,7 @@ def mtp_monitor(model, config) -> Optional[MTPMonitor]:
     """A monitor for a model with MTP depths (``config.mtp_num_layers``), else None."""
     if not getattr(config, "mtp_depths", 0):
         return None
-    return MTPMonitor(model, config.data_parallel_size)
+    return MTPMonitor(model, config.data_parallel_size * config.context_parallel_size)
 
 
 def combined(*reports: Optional[Callable[[], Tuple[Dict[str, Any], str]]]):

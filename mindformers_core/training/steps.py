@@ -38,6 +38,7 @@ from ..common.graphs import compile_blocking
 from ..optim import AdamW, ClipGradNorm, StepGuard, build_lr_schedule, replication_weights
 from ..optim.update import GradientUpdate
 from ..pipeline.schedules import build_schedule
+from ..sharding.annotations import set_sharding_plan, sharding_plan_of
 from ..sharding.parallelizer import GradientReducer
 from .config import Config, ConfigError
 from .model_builder import BuiltModel
@@ -140,11 +141,6 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     side = shape.pp > 1 and _feeds_loss_mask(cfg)     # HFDataLoader's keys go through the microbatches
     if shape.pp > 1 and not side:
         check_pipeline_batch(batch_keys)
-    if side and (shape.sharded_dp or topo.dualpipe):
-        raise ConfigError(["train_dataset HFDataLoader (loss_mask, position_ids, segment_ids) with "
-                           "parallel_config.pipeline_stage > 1 runs with the plain update and one-directional "
-                           "schedules; parallel.enable_parallel_optimizer (hsdp) and DualPipe do not carry those keys "
-                           "through their microbatches yet"])
     params = built.params
     guard = build_guard(cfg)
     lr = build_lr(cfg, total_steps)
@@ -153,7 +149,8 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
     norms = _NormGroups(shape, topo, built)
     limit = clip_limit(float(cfg.runner_config.max_grad_norm))
     stages, schedule = _pipeline_schedule(shape, topo, built, side) if shape.pp > 1 else (None, None)
-    feed = _StageFeed(topo, norms.pp_group, batch_keys, TokenWeights(topo) if side else None, mtp=bool(built.tied)) \
+    feed = _StageFeed(topo, norms.pp_group, batch_keys, TokenWeights(topo) if side else None,
+                      mtp=bool(built.tied) and built.model_config.mtp_depths > 0) \
         if schedule is not None else None
     k = shape.accumulate
     if shape.sharded_dp and k > 1 and _feeds_loss_mask(cfg):
@@ -168,10 +165,12 @@ def build_train_step(cfg: Config, shape: JobShape, topo: Topology, built: BuiltM
         # hsdp/cell.py norm_clipper): give it tp only, or the experts' squares are counted ep times
         # (measured: pp2 x dp2 x ep2 level2 norm 1.22943 vs one process 1.22647)
         tp = norms.axis_groups.get("tp")
+        weights = replication_weights(params, {"tp": tp}) if tp else None
+        if built.tied:              # the embedding copy on the last stage: counted once, by the first's
+            weights = _without_tied_copies(built, params, weights)
         hsdp_step = wrapped.train_step(schedule if schedule is not None else built.model, optimizer,
                                        mode=shape.mode_name, max_grad_norm=limit, norm_groups=[tp] if tp else [],
-                                       norm_weights=replication_weights(params, {"tp": tp}) if tp else None,
-                                       step_guard=guard)
+                                       norm_weights=weights, step_guard=guard)
         return TrainStep(hsdp_step_fn(hsdp_step, feed, k), optimizer, lr, wrapped, guard)
 
     poison = None
@@ -333,6 +332,12 @@ def hsdp_step_fn(hsdp_step, feed: Optional["_StageFeed"], k: int) -> Callable:
     """``(*batch) -> (loss, norm)`` over hsdp's step, which owns the gradients, the accumulation
     (communication on the last micro-step only) and the update: ``k`` calls on the micro-slices, or
     one schedule run fed by ``feed`` (a pipeline)."""
+    if feed is not None and feed.weights is not None:   # loss_mask, position_ids, segment_ids: microbatches
+        m = hsdp_step.schedule.micro_batch_num
+
+        def side_pipeline_step(*batch):
+            return feed.shared_loss(hsdp_step(microbatches=feed.microbatches(batch, m))), hsdp_step.grad_norm
+        return side_pipeline_step
     if feed is not None:
         def pipeline_step(*batch):
             return feed.shared_loss(hsdp_step(*feed.inputs(batch))), hsdp_step.grad_norm
@@ -375,10 +380,15 @@ class _NormGroups:
         params = built.params
         self.weights = _copy_norm_weights(topo, params, replication_weights(params, self.axis_groups)
                                           if self.axis_groups else None)
-        if built.tied and not topo.dualpipe:   # MTP's embedding copy on the last stage: counted once, by the first's
-            copy = {id(p) for p in built.copies if p.name in built.tied}
-            self.weights = tuple(0.0 if id(p) in copy else w
-                                 for p, w in zip(params, self.weights or (1.0,) * len(params)))
+        if built.tied and not topo.dualpipe:   # the embedding copy on the last stage: counted once, by the first's
+            self.weights = _without_tied_copies(built, params, self.weights)
+
+
+def _without_tied_copies(built: BuiltModel, params, weights):
+    """Norm weights (None: all 1) with the last stage's copies of a tied parameter (``built.tied``: the embedding
+    table of tied embeddings or MTP) at 0: their gradient equals the first stage's, which counts once."""
+    copy = {id(p) for p in built.copies if p.name in built.tied}
+    return tuple(0.0 if id(p) in copy else w for p, w in zip(params, weights or (1.0,) * len(params)))
 
 
 class _PipelineGradients:
@@ -462,7 +472,8 @@ class _SideInputStage(nn.Cell):
     def __init__(self, chunk: nn.Cell, last: bool):
         super().__init__(auto_prefix=False)
         self.chunk, self.last = chunk, last
-        self.mtp = last and getattr(chunk, "embedding_copy", False)
+        self.mtp = last and getattr(chunk, "takes_token_ids", False)
+        _carry_plan(self, chunk)
 
     def construct(self, x, position_ids, segment_ids, labels=None, loss_mask=None, weight=None, token_ids=None):
         if self.mtp:
@@ -479,9 +490,18 @@ class _TokenIdsStage(nn.Cell):
     def __init__(self, chunk: nn.Cell):
         super().__init__(auto_prefix=False)
         self.chunk = chunk
+        _carry_plan(self, chunk)
 
     def construct(self, x, labels, token_ids):
         return self.chunk(x, labels, None, None, None, token_ids)
+
+
+def _carry_plan(wrapper: nn.Cell, chunk: nn.Cell) -> None:
+    """A stage wrapper answers ``sharding_plan_of`` with its chunk's plan: hsdp over the stages reads each stage
+    Cell's data-parallel ranks there (``hsdp/groups.py`` ``plan_dp_ranks``)."""
+    plan = sharding_plan_of(chunk)
+    if plan is not None:
+        set_sharding_plan(wrapper, plan)
 
 
 def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side: bool = False):
@@ -490,7 +510,7 @@ def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side:
     from ..pipeline.runtime import PipelineStage
     last = topo.model_stage_num - 1
     chunks = [_SideInputStage(c, topo.model_stage(s) == last) if side
-              else _TokenIdsStage(c) if getattr(c, "embedding_copy", False) else c
+              else _TokenIdsStage(c) if getattr(c, "takes_token_ids", False) else c
               for c, s in zip(built.chunks, topo.stages)]
     stages = [PipelineStage(chunk, s, topo.stage_num, pp_ranks=topo.pp_ranks,
                             loss_in_cell=topo.model_stage(s) == topo.model_stage_num - 1)
@@ -498,8 +518,8 @@ def _pipeline_schedule(shape: JobShape, topo: Topology, built: BuiltModel, side:
     # DualPipe (ScheduleDualPipe): stages r and 2p-1-r; the runtime gives the up copy the down copy's
     # weights before its first run and sums the two copies' gradients after every run
     schedule = build_schedule(shape.scheduler, stages, shape.micro_batch_num)
-    # parameters on several model stages (MTP: the embedding and its last-stage copy): gradients summed by the
-    # runtime over every stage index running the first or the last model stage
+    # parameters on several model stages (the embedding and its last-stage copy: tied embeddings, MTP): gradients
+    # summed by the runtime over every stage index running the first or the last model stage
     ends = [s for s in range(topo.stage_num) if topo.model_stage(s) in (0, last)]
     schedule.tied = {name: ends for name in built.tied}
     return stages, schedule

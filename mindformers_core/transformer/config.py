@@ -192,10 +192,6 @@ class TransformerConfig:
             _fail("mtp_num_layers", n, f"with pipeline_model_parallel_size={self.pipeline_model_parallel_size} and "
                   "tie_word_embeddings=True: the last stage's output layer would need the embedding table itself; "
                   "use tie_word_embeddings=False under pipeline parallelism")
-        if n and self.context_parallel_size > 1:
-            _fail("mtp_num_layers", n, f"with context_parallel_size={self.context_parallel_size}: multi-token "
-                  "prediction shifts tokens along the sequence, which context parallelism splits over ranks; "
-                  "not implemented (use context_parallel_size=1 or mtp_num_layers=0)")
 
     def _check_dtypes(self):
         if "bfloat16" in (self.params_dtype, self.compute_dtype) and ms.get_context("device_target") == "CPU":

@@ -3,12 +3,14 @@
 With pipeline parallelism a stage builds a GPTModel for its own part: ``pre_process`` (the
 embedding, ids in) only on the first stage, ``post_process`` (final norm, output layer, loss)
 only on the last; by default both follow from the stage. Tied embeddings reuse the embedding
-table as the output weight (``logits = h @ E^T``); that needs both ends in the same model. With
+table as the output weight (``logits = h @ E^T``). With
 ``mtp_num_layers`` the multi-token prediction depths (``mtp.py``) follow the final norm and add their term to
-the loss, through this model's embedding and head. On the last pipeline stage (no ``pre_process``) the depths
-look the microbatch's ids up in a copy of the embedding table, built under the same name (so drawn and loaded
-identically, as Megatron copies a tied embedding to its last stage); the pipeline keeps the two copies equal by
-summing their gradients (``pipeline/runtime.py``, ``tied``), and checkpoints save the first stage's.
+the loss, through this model's embedding and head. A last pipeline stage (no ``pre_process``) whose tied output
+layer or MTP depths read the embedding table holds a copy of it (``embedding_copy``), built under the same name
+(so drawn and loaded identically, as Megatron copies a tied embedding to its last stage): the tied output layer
+multiplies by it, the MTP depths look the microbatch's ids up in it (``token_ids``); the pipeline keeps the two
+copies equal by summing their gradients (``pipeline/runtime.py``, ``tied``), and checkpoints save the first
+stage's.
 """
 from __future__ import annotations
 
@@ -24,15 +26,17 @@ from .init import init_weights
 from .layer import gpt_layer_spec
 from .linear import ColumnParallelLinear
 from .loss import MaskedMean, VocabParallelCrossEntropy
-from .mtp import MultiTokenPrediction
+from .mtp import MultiTokenPrediction, SharedOutputHead
 
 
 class TiedOutputLayer(nn.Cell):
     """``x @ weight^T`` with the (vocab, hidden) embedding table passed in: one ``matmul`` op
     (``transpose_b=True``) whose second input is the embedding weight, so a vocab-split table
-    gives vocab-split logits."""
+    gives vocab-split logits. It owns no weight: hsdp level3 gathers the table it is handed around its calls
+    (``PARAMETER_ARGUMENTS_ATTR``)."""
     sharding_op = "matmul"
     sharding_params = ()
+    mfc_parameter_arguments = True      # (sharding.annotations.PARAMETER_ARGUMENTS_ATTR)
 
     def sharding_attrs(self) -> dict:
         return {"transpose_b": True}
@@ -49,6 +53,19 @@ class TiedOutputLayer(nn.Cell):
         x2 = ops.cast(x.reshape(-1, x.shape[-1]), self.compute_dtype)
         out = self.matmul(x2, ops.cast(weight, self.compute_dtype))
         return out.reshape(x.shape[:-1] + (-1,))
+
+
+class StageTiedOutputLayer(SharedOutputHead):
+    """The tied output layer of a last pipeline stage: ``x @ weight^T``, ``weight`` the stage's copy of the
+    embedding table (the same Parameter object, held here). The stage does not look ids up in its copy (unless
+    MTP does), so this Cell declares the table's layout, the embedding's own (vocab split over tp): the two
+    copies are sharded alike and their gradients add up piece by piece."""
+
+    def __init__(self, config: TransformerConfig, weight):
+        super().__init__(config, weight, tied=True)
+
+    def shard(self, config):
+        return None, None, {"weight": config.layout("tp", "None")}
 
 
 class GPTModel(nn.Cell):
@@ -77,18 +94,28 @@ class GPTModel(nn.Cell):
         self.pre_process = stage.has_embedding if pre_process is None else pre_process
         self.post_process = stage.has_output if post_process is None else post_process
         self.tie = config.tie_word_embeddings
-        if self.tie and not (self.pre_process and self.post_process):
-            raise ValueError("GPTModel: tie_word_embeddings=True needs the embedding and the output layer in "
-                             f"the same model (pre_process={self.pre_process}, post_process={self.post_process}); "
-                             "with pipeline parallelism set tie_word_embeddings=False")
         std = config.init_method_std
         if self.pre_process:
             self.embedding = LanguageModelEmbedding(config)
             init_weights(self.embedding, "embedding", std)
         self.decoder = TransformerBlock(config, layer_spec, pp_rank, vp_stage, layers_per_stage,
                                         post_layer_norm=self.post_process)
+        # multi-token prediction (mtp.py): its depths after the final norm (the last stage of a pipeline), sharing
+        # the embedding and the head. A last stage without the embedding whose tied output layer or MTP depths
+        # read the table holds a copy of it (module docstring); ``token_ids``: the MTP depths look ids up in it
+        self.has_mtp = config.mtp_depths > 0 and self.post_process
+        self.embedding_copy = self.post_process and not self.pre_process and (self.has_mtp or self.tie)
+        self.takes_token_ids = self.has_mtp and not self.pre_process
+        if self.embedding_copy:
+            self.embedding = LanguageModelEmbedding(config)
+            init_weights(self.embedding, "embedding", std)
         if self.post_process:
-            if self.tie:
+            if self.tie and self.embedding_copy:
+                table = self.embedding.word_embeddings.weight
+                name = table.name
+                self.output_layer = StageTiedOutputLayer(config, table)
+                table.name = name   # its owner's name (MindSpore renames a Parameter a new sub-Cell holds)
+            elif self.tie:
                 self.output_layer = TiedOutputLayer(config)
             else:
                 self.output_layer = ColumnParallelLinear(config.hidden_size, config.vocab_size, config, bias=False)
@@ -96,13 +123,6 @@ class GPTModel(nn.Cell):
             self.loss = VocabParallelCrossEntropy()
             self.token_loss = VocabParallelCrossEntropy(reduction="none")
             self.masked_mean = MaskedMean()
-        # multi-token prediction (mtp.py): its depths after the final norm (the last stage of a pipeline), sharing
-        # the embedding and the head; a last stage without the embedding holds a copy of it (module docstring)
-        self.has_mtp = config.mtp_depths > 0 and self.post_process
-        self.embedding_copy = self.has_mtp and not self.pre_process
-        if self.embedding_copy:
-            self.embedding = LanguageModelEmbedding(config)
-            init_weights(self.embedding, "embedding", std)
         if self.has_mtp:
             head = self.embedding.word_embeddings.weight if self.tie else self.output_layer.weight
             name = head.name
@@ -121,7 +141,7 @@ class GPTModel(nn.Cell):
         else:
             x = input_ids
         embedded = x
-        if self.embedding_copy and labels is not None:   # the last pipeline stage: the MTP depths' embedding
+        if self.takes_token_ids and labels is not None:   # the last pipeline stage: the MTP depths' embedding
             embedded = self.embedding(token_ids)
         if self.returns_aux:
             decoded = self.decoder(x, position_ids, segment_ids)
@@ -186,7 +206,7 @@ class GPTModel(nn.Cell):
         return self._head(x, None, None)
 
     def _logits(self, x):
-        if self.tie:
+        if self.tie and not self.embedding_copy:
             return self.output_layer(x, self.embedding.word_embeddings.weight)
         return self.output_layer(x)
 

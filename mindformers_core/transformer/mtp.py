@@ -19,8 +19,10 @@ concatenation puts the embedding first, as DeepSeek's released checkpoints and M
 like its last one). The term added to the loss is
 ``mtp_loss_scaling_factor / depths * sum_k loss_k`` (Megatron-core's and MindFormers': the factor times the mean
 over depths). The shift is a ``gather`` along the sequence with a constant index, so the sharding pass follows
-it (batch split over dp is untouched; the sequence must be whole on a rank: no context parallelism; with
-sequence parallel the pass gathers it).
+it (batch split over dp is untouched; with sequence or context parallelism the pass gathers the sequence for it
+and splits the result again). Under load-balanced context parallelism the sequence is held in storage order
+(``common/sequence_placement.py``): the index maps each slot to the slot of the token k places later, and the
+positions past the end are those whose token, not slot, is among the last k.
 """
 from __future__ import annotations
 
@@ -87,9 +89,17 @@ class SharedOutputHead(nn.Cell):
         return out.reshape(x.shape[:-1] + (-1,))
 
 
-def shifted_index(seq_length: int, k: int) -> np.ndarray:
-    """Position t -> t + k, clamped to the last position (those targets are masked out)."""
-    return np.minimum(np.arange(seq_length) + k, seq_length - 1).astype(np.int32)
+def shifted_index(seq_length: int, k: int, positions=None) -> np.ndarray:
+    """Slot j -> the slot holding the token k places after slot j's (position t -> t + k, clamped to the last
+    position: those targets are masked out). ``positions``: the token position each slot holds (the sequence's
+    storage order under load-balanced context parallelism, ``TransformerConfig.token_positions``); None: the
+    identity."""
+    if positions is None:
+        return np.minimum(np.arange(seq_length) + k, seq_length - 1).astype(np.int32)
+    positions = np.asarray(positions, np.int64)
+    slot_of = np.empty(seq_length, np.int64)
+    slot_of[positions] = np.arange(seq_length)
+    return slot_of[np.minimum(positions + k, seq_length - 1)].astype(np.int32)
 
 
 class MultiTokenPredictionLayer(nn.Cell):
@@ -112,8 +122,9 @@ class MultiTokenPredictionLayer(nn.Cell):
         self.masked_mean = MaskedMean()
         init_weights(self, f"mtp.layers.{config.num_layers + depth - 1}", config.init_method_std)
         s = config.seq_length
-        self.shift_index = Tensor(shifted_index(s, depth))      # the constants of this depth's shift
-        self.in_range = Tensor((np.arange(s) + depth < s).astype(np.float32)[None])   # (1, s): t + depth < s
+        positions = np.asarray(config.token_positions())        # each slot's token (cp: storage order)
+        self.shift_index = Tensor(shifted_index(s, depth, positions))    # the constants of this depth's shift
+        self.in_range = Tensor((positions + depth < s).astype(np.float32)[None])   # (1, s): t + depth < s
 
     def construct(self, hidden, embedded, labels, loss_mask=None, position_ids=None, segment_ids=None):
         """``(h_k, loss_k)`` (and the layer's load-balancing loss when it has one) from the previous depth's hidden
