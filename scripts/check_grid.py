@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     p.add_argument("--write-docs", action="store_true", help="write the table into docs/finetune.md and README.md")
     p.add_argument("--logs", action="store_true", help="print the rank logs of failing cells")
     args = p.parse_args(argv)
+    import signal
+    # SIGTERM ends this process like Ctrl-C: the exit handlers kill a launch still running (msrun and its workers)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from mindformers_core.testing import grid
     try:
         only = grid.parse_only(args.only)

@@ -331,6 +331,10 @@ def run_cells(cells: List[List[Any]], results_dir: str, deadline: float = CELL_D
                          "seconds": round(time.monotonic() - start, 1), "process_cpu": round(time.process_time(), 1)})
             raise
         finished.set()
+        if code != 0:       # this rank stopped early: its peer may wait in a collective of this cell
+            write(name, {"status": "exit", "code": code, "error": f"exit code {code}",
+                         "seconds": round(time.monotonic() - start, 1), "process_cpu": round(time.process_time(), 1)})
+            raise RuntimeError(f"grid cell {name}: the trainer's command line exited {code} on rank {rank}")
         record = {"status": "done", "code": code, "seconds": round(time.monotonic() - start, 1),
                   "cpu": round(time.process_time() - start_cpu, 1),
                   "process_cpu": round(time.process_time(), 1)}     # this worker's CPU since it started
@@ -442,10 +446,12 @@ def _first_error(seg: List[str]) -> str:
             while j < len(seg) and (seg[j].startswith((" ", "\t")) or not seg[j].strip()):
                 j += 1
             if j < len(seg):
-                return seg[j].strip()[:400]
-        if re.search(r"invalid configuration|training stopped|past its deadline", line):
-            nxt = seg[i + 1].strip() if "invalid configuration" in line and i + 1 < len(seg) else ""
-            return (line.strip() + " " + nxt).strip()[:400]
+                return seg[j].strip()[:500]
+        if "invalid configuration" in line:       # then "N problem(s) in ...:" and one line per problem
+            problems = [x.strip() for x in seg[i + 1:i + 3] if x.strip()]
+            return " ".join([line.strip(), *problems])[:500]
+        if re.search(r"training stopped|past its deadline", line):
+            return line.strip()[:400]
     return ""
 
 
