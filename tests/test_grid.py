@@ -142,3 +142,17 @@ def test_check_grid_list_and_bad_filter(capsys):
     assert out.rstrip().endswith("7 cells: 0 refused, 7 to run, 1 references")
     assert check_grid.main(["--only", "layout=pp3"]) == 2
     assert "['pp3'] not in" in capsys.readouterr().err
+
+
+def test_run_cells_records_each_cell_and_stops_at_a_non_zero_exit(tmp_path, monkeypatch):
+    """The workers' body (here in this process, rank 0): a record per cell; a rank exiting non-zero raises, which
+    ends the launch (its peer may be waiting in a collective of that cell)."""
+    import mindformers_core.training.cli as cli
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or (0 if argv == ["a"] else 2))
+    with pytest.raises(RuntimeError, match="grid cell B: the trainer's command line exited 2 on rank 0"):
+        grid.run_cells([["A", ["a"]], ["B", ["b"]], ["C", ["c"]]], str(tmp_path), deadline=60)
+    assert calls == [["a"], ["b"]]
+    a, b = (json.loads((tmp_path / f"{n}.rank0.json").read_text()) for n in "AB")
+    assert a["status"] == "done" and a["code"] == 0 and b["status"] == "exit" and b["code"] == 2
+    assert not (tmp_path / "C.rank0.json").exists()
