@@ -108,12 +108,13 @@ def test_markdown_table_marks_and_lists_the_reasons():
     outcomes = {c.name: grid.Outcome("pass") for c in picked}
     outcomes[picked[0].name] = grid.Outcome("refused", "key = 1: not with x")
     outcomes[picked[1].name] = grid.Outcome("fail", "rank 0: ValueError: boom | here")
+    outcomes[picked[2].name] = grid.Outcome("fail", "rank 1: ValueError: boom | here")     # one reason
     text = grid.markdown(picked, outcomes)
     lines = text.splitlines()
     assert lines[0] == "| feature | model | data | mode | " + " | ".join(grid.LAYOUTS) + " |"
-    assert lines[2] == "| full | qwen3_moe | plain | jit | refused R1 | ✘ F1 | ✔ | ✔ | ✔ | ✔ | ✔ | ✔ |"
-    assert "8 cells: 6 ✔ (= one process), 1 refused by name before any process group, 1 ✘ failing" in text
-    assert "- R1: `key = 1: not with x`" in text and "- F1: `rank 0: ValueError: boom \\| here`" in text
+    assert lines[2] == "| full | qwen3_moe | plain | jit | refused R1 | ✘ F1 | ✘ F1 | ✔ | ✔ | ✔ | ✔ | ✔ |"
+    assert "8 cells: 5 ✔ (= one process), 1 refused by name before any process group, 2 ✘ failing" in text
+    assert "- R1: `key = 1: not with x`" in text and "- F1: `ValueError: boom \\| here`" in text
     dense = grid.cells({"model": ["qwen3"], "feature": ["full"], "data": ["plain"], "mode": ["jit"]})
     row = grid.markdown(picked + dense, {c.name: grid.Outcome("pass") for c in picked + dense}).splitlines()[3]
     assert row.split(" | ")[-2] == "n/a"        # ep2: the dense model has no such cell

@@ -448,7 +448,7 @@ def _first_error(seg: List[str]) -> str:
             if j < len(seg):
                 return seg[j].strip()[:500]
         if "invalid configuration" in line:       # then "N problem(s) in ...:" and one line per problem
-            problems = [x.strip() for x in seg[i + 1:i + 3] if x.strip()]
+            problems = [x.strip() for x in seg[i + 1:i + 4] if x.strip()][:3]
             return " ".join([line.strip(), *problems])[:500]
         if re.search(r"training stopped|past its deadline", line):
             return line.strip()[:400]
@@ -691,8 +691,13 @@ def summary(outcomes: Dict[str, Outcome]) -> Dict[str, int]:
     return counts
 
 
+def _key(reason: str) -> str:
+    """A reason without its rank ("rank 1: X" and "rank 0: X" are one reason in the table)."""
+    return re.sub(r"^rank \d+: ", "", reason)
+
+
 def _reasons(outcomes: Dict[str, Outcome], status: str) -> List[str]:
-    return list(dict.fromkeys(o.reason for o in outcomes.values() if o.status == status))
+    return list(dict.fromkeys(_key(o.reason) for o in outcomes.values() if o.status == status))
 
 
 def markdown(selected: Sequence[Cell], outcomes: Dict[str, Outcome]) -> str:
@@ -711,9 +716,9 @@ def markdown(selected: Sequence[Cell], outcomes: Dict[str, Outcome]) -> str:
         elif o.status == "pass":
             row[c.layout] = "✔"
         elif o.status == "refused":
-            row[c.layout] = f"refused R{refused.index(o.reason) + 1}"
+            row[c.layout] = f"refused R{refused.index(_key(o.reason)) + 1}"
         else:
-            row[c.layout] = f"✘ F{failed.index(o.reason) + 1}"
+            row[c.layout] = f"✘ F{failed.index(_key(o.reason)) + 1}"
     for key, row in rows.items():
         cells_ = [row.get(l, "n/a" if LAYOUT_NEEDS.get(l) == "moe" and not MODELS[key[1]].moe else "")
                   for l in layouts]
@@ -730,7 +735,7 @@ def markdown(selected: Sequence[Cell], outcomes: Dict[str, Outcome]) -> str:
         lines += [f"- R{i + 1}: {_md(r)}" for i, r in enumerate(refused)]
     if failed:
         lines.append("")
-        lines.append("Failing (first error line of the failing rank, or the first difference):")
+        lines.append("Failing (the first error line of the failing rank, or the first difference from one process):")
         lines.append("")
         lines += [f"- F{i + 1}: {_md(r)}" for i, r in enumerate(failed)]
     return "\n".join(lines)
