@@ -40,7 +40,7 @@ def write_docs(table: str, counts, stamp: str) -> None:
         readme = f.read()
     total = sum(counts.values())
     line = (f"The feature grid (docs/finetune.md#feature-grid): {counts['refused']} of {total} cells refused by name, "
-            f"{counts['fail']} failing, {counts['pass']} = one process ({stamp.strip('_ ')}).")
+            f"{counts['fail']} failing, {counts['pass']} = one process ({time.strftime('%Y-%m-%d', time.gmtime())}).")
     if README_LINE.search(readme):
         readme = README_LINE.sub(line, readme, count=1)
     else:
@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     p.add_argument("--merge", nargs="+", default=None, help="merge outcome JSON files instead of running")
     p.add_argument("--write-docs", action="store_true", help="write the table into docs/finetune.md and README.md")
     p.add_argument("--logs", action="store_true", help="print the rank logs of failing cells")
+    p.add_argument("--note", default="", help="a sentence added to the table's stamp (--write-docs)")
     args = p.parse_args(argv)
     import signal
     # SIGTERM ends this process like Ctrl-C: the exit handlers kill a launch still running (msrun and its workers)
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(grid.to_json(outcomes), f, indent=1)
     if args.write_docs:
-        write_docs(table, grid.summary(outcomes), stamp)
+        write_docs(table, grid.summary(outcomes), stamp[:-1] + (f"; {args.note}_" if args.note else "_"))
     return 1 if any(o.status == "fail" for o in outcomes.values()) else 0
 
 

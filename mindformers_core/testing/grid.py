@@ -692,8 +692,9 @@ def summary(outcomes: Dict[str, Outcome]) -> Dict[str, int]:
 
 
 def _key(reason: str) -> str:
-    """A reason without its rank ("rank 1: X" and "rank 0: X" are one reason in the table)."""
-    return re.sub(r"^rank \d+: ", "", reason)
+    """A reason without its rank ("rank 1: X" and "rank 0: X" are one reason in the table), its first 300
+    characters."""
+    return re.sub(r"^rank \d+: ", "", reason)[:300]
 
 
 def _reasons(outcomes: Dict[str, Outcome], status: str) -> List[str]:
@@ -742,7 +743,7 @@ def markdown(selected: Sequence[Cell], outcomes: Dict[str, Outcome]) -> str:
 
 
 def _md(text: str) -> str:
-    text = text.replace("|", "\\|").replace("\n", " ")
+    text = text.replace(ROOT + os.sep, "").replace("|", "\\|").replace("\n", " ")   # paths relative to the repository
     return f"`{text}`" if "`" not in text else text
 
 
