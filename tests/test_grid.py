@@ -157,3 +157,21 @@ def test_run_cells_records_each_cell_and_stops_at_a_non_zero_exit(tmp_path, monk
     a, b = (json.loads((tmp_path / f"{n}.rank0.json").read_text()) for n in "AB")
     assert a["status"] == "done" and a["code"] == 0 and b["status"] == "exit" and b["code"] == 2
     assert not (tmp_path / "C.rank0.json").exists()
+
+
+def test_a_cell_past_its_deadline_ends_its_worker_with_a_record(tmp_path):
+    """The watchdog (in a child process here: it ends the process, as it ends a hung worker): the cell's record says
+    hang, the error file msrun's harness watches is written, exit code 3."""
+    import subprocess
+    import sys
+    code = ("import time, mindformers_core.training.cli as cli\n"
+            "cli.main = lambda argv: time.sleep(30)\n"
+            "from mindformers_core.testing import grid\n"
+            f"grid.run_cells([['H', ['x']]], {str(tmp_path)!r}, deadline=1.0)\n")
+    env = dict(os.environ, MFC_ERROR_FILE=str(tmp_path / "rank_0.error"),
+               PYTHONPATH=os.path.dirname(SCRIPTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr[-2000:]
+    record = json.loads((tmp_path / "H.rank0.json").read_text())
+    assert record["status"] == "hang" and "deadline" in record["error"]
+    assert "past its deadline of 1 s" in (tmp_path / "rank_0.error").read_text()
