@@ -20,6 +20,7 @@ MOE_KEYS = {"num_experts": "num_moe_experts", "n_routed_experts": "num_moe_exper
             "n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk",
             "moe_router_enable_expert_bias": "moe_router_enable_expert_bias",
             "moe_router_bias_update_rate": "moe_router_bias_update_rate", "moe_aux_loss_coeff": "moe_aux_loss_coeff",
+            "moe_aux_loss_micro_batches": "moe_aux_loss_micro_batches",
             "moe_router_load_balancing_type": "moe_router_load_balancing_type",
             "moe_expert_capacity_factor": "moe_expert_capacity_factor", "moe_token_drop_policy": "moe_token_drop_policy",
             "moe_layer_freq": "moe_layer_freq"}

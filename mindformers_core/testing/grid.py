@@ -152,8 +152,10 @@ class Cell:
 
     @property
     def reference(self) -> str:
-        """The one-process run this cell is compared with (shared by the layouts)."""
-        return "-".join((self.feature, self.model, self.data, "one", self.mode))
+        """The one-process run this cell is compared with (shared by the layouts; a pipeline of a model whose
+        aux loss is taken over the batch (``aux_loss``) has its own: see ``aux_groups``)."""
+        m = aux_groups(self)
+        return "-".join((self.feature, self.model, self.data, "one" if m == 1 else f"one_mb{m}", self.mode))
 
     def get(self, key: str) -> str:
         return getattr(self, key)
@@ -222,6 +224,19 @@ def _apply(raw: Dict[str, Any], keys: Dict[str, Any], names: Dict[str, Any]) -> 
             _set(raw, k, v)
 
 
+# models whose load-balancing loss takes f and P over the whole batch (aux_loss): a pipeline computes it per
+# microbatch (as MindFormers' and Megatron's pipelines do; the whole batch is never on a stage at once), so their
+# pipeline cells' reference takes it over the same row groups (model_config.moe_aux_loss_micro_batches)
+AUX_LOSS_MODELS = ("qwen3_moe",)
+
+
+def aux_groups(cell: Cell) -> int:
+    """The row groups of ``cell``'s reference aux loss: the pipeline's micro_batch_num for an aux_loss model."""
+    if cell.model not in AUX_LOSS_MODELS:
+        return 1
+    return int(LAYOUTS.get(cell.layout, {}).get("parallel_config.micro_batch_num", 1))
+
+
 def config_of(cell: Cell, work: str, layout: Optional[str] = None, fixtures: str = FIXTURES) -> Dict[str, Any]:
     """The YAML (a dict) of ``cell``; ``layout="one"`` gives its reference (every parallel size 1)."""
     import copy
@@ -238,6 +253,8 @@ def config_of(cell: Cell, work: str, layout: Optional[str] = None, fixtures: str
     if layout != "one":
         raw["use_parallel"] = True
         _apply(raw, LAYOUTS[layout], names)
+    elif aux_groups(cell) > 1:
+        _apply(raw, {"model.model_config.moe_aux_loss_micro_batches": aux_groups(cell)}, names)
     return raw
 
 

@@ -138,7 +138,7 @@ MOE_FIELD_KEYS = {
     "moe_router_norm_topk_prob": "model.model_config.norm_topk_prob",
     "moe_router_num_groups": "model.model_config.n_group", "moe_router_group_topk": "model.model_config.topk_group",
     **{k: f"model.model_config.{k}" for k in (
-        "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_aux_loss_coeff",
+        "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_aux_loss_coeff", "moe_aux_loss_micro_batches",
         "moe_router_load_balancing_type", "moe_expert_capacity_factor", "moe_token_drop_policy")},
     "expert_model_parallel_size": "parallel_config.expert_parallel", "data_parallel_size": "parallel_config.data_parallel",
     "tensor_model_parallel_size": "parallel_config.model_parallel", "num_layers": "model.model_config.num_layers",

@@ -268,6 +268,10 @@ SCHEMA = Section({
             "moe_router_bias_update_rate": F("float", 0.001, "Step of the expert-bias update.", min=0),
             "moe_aux_loss_coeff": F("float|null", None, "Load-balancing loss coefficient (0 = none); null = the "
                                                         "family's (0; 0.001 for Qwen3MoeForCausalLM).", min=0),
+            "moe_aux_loss_micro_batches": F("int", 1, "aux_loss only: take f and P over each of this many equal "
+                                                      "row groups of the batch and average their losses, as a "
+                                                      "pipeline of this many microbatches does (a one-process run "
+                                                      "that reproduces a pp run's loss).", min=1),
             "moe_router_load_balancing_type": F("str|null", None, "Load-balancing loss: per sequence (seq_aux_loss) "
                                                                   "or over the batch (aux_loss; MindFormers' "
                                                                   "gbs_aux_loss); null = the family's (seq_aux_loss; "

@@ -82,6 +82,8 @@ class TransformerConfig:
     moe_router_bias_update_rate: float = 1e-3
     moe_router_load_balancing_type: str = "seq_aux_loss"   # seq_aux_loss | aux_loss | none
     moe_aux_loss_coeff: float = 0.0
+    moe_aux_loss_micro_batches: int = 1                # aux_loss: f and P over each of m equal row groups, averaged
+    #                                                    (what a pipeline of m microbatches computes)
     moe_expert_capacity_factor: Optional[float] = None     # None = dropless
     moe_token_drop_policy: str = "position"
     moe_first_k_dense_layers: int = 0                  # first_k_dense_replace: the first k layers stay dense

@@ -162,10 +162,18 @@ class RoutingStatistics(nn.Cell):
         super().__init__()
         self.per_sequence = config.moe_router_load_balancing_type == "seq_aux_loss"
         self.load_scale = float(config.num_moe_experts) / config.moe_router_topk
+        self.groups = int(config.moe_aux_loss_micro_batches)
 
     def construct(self, scores, routing_map):
         if self.per_sequence:
             return routing_map.mean(1) * self.load_scale, scores.mean(1)
+        if self.groups > 1:     # (m, E): each group of b/m rows (one microbatch of a pipeline) on its own
+            b, s, e = scores.shape
+            if b % self.groups:
+                raise ValueError(f"moe_aux_loss_micro_batches={self.groups}: must divide the batch's {b} rows")
+            shape = (self.groups, b // self.groups, s, e)
+            return (routing_map.reshape(shape).mean((1, 2)) * self.load_scale,
+                    scores.reshape(shape).mean((1, 2)))
         return routing_map.mean((0, 1)) * self.load_scale, scores.mean((0, 1))
 
 
@@ -193,7 +201,8 @@ class AuxLossProbe(nn.Cell):
 
 
 class LoadBalancingLoss(nn.Cell):
-    """``coeff * sum_e f_e * P_e`` (averaged over sequences for ``seq_aux_loss``)."""
+    """``coeff * sum_e f_e * P_e`` (averaged over sequences for ``seq_aux_loss``, over the row groups for
+    ``aux_loss`` with ``moe_aux_loss_micro_batches`` > 1)."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -205,7 +214,7 @@ class LoadBalancingLoss(nn.Cell):
     def construct(self, scores, routing_map):
         load, mean_score = self.statistics(scores, routing_map)
         loss = (load * mean_score).sum(-1)
-        if self.per_sequence:
+        if self.per_sequence or self.statistics.groups > 1:
             loss = loss.mean()
         return self.probe(loss * self.coeff)
 

@@ -45,6 +45,12 @@ def moe_config_problems(c):
     if c.moe_router_load_balancing_type not in BALANCING:
         out.append(("moe_router_load_balancing_type", c.moe_router_load_balancing_type,
                     f"must be one of {list(BALANCING)}"))
+    m = c.moe_aux_loss_micro_batches
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+        out.append(("moe_aux_loss_micro_batches", m, "must be an integer >= 1"))
+    elif m > 1 and c.data_parallel_size > 1:
+        out.append(("moe_aux_loss_micro_batches", m, f"must be 1 with data_parallel_size={c.data_parallel_size} "
+                    "(it reproduces a pipeline's per-microbatch aux_loss on one process)"))
     if c.moe_token_drop_policy not in DROP_POLICIES:
         out.append(("moe_token_drop_policy", c.moe_token_drop_policy,
                     f"must be one of {list(DROP_POLICIES)} (tokens past an expert's capacity are dropped in "
