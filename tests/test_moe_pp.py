@@ -16,25 +16,26 @@ from mindformers_core.transformer import GPTModel, TransformerConfig  # noqa: E4
 SEQ, VOCAB, BATCH = 8, 64, 4
 
 
-def make_config(stages=1, balance="seq_aux_loss"):
+def make_config(stages=1, balance="seq_aux_loss", groups=1):
     return TransformerConfig(num_layers=4, hidden_size=16, ffn_hidden_size=32, num_attention_heads=2,
                              vocab_size=VOCAB, seq_length=SEQ, num_moe_experts=4, moe_router_topk=2,
                              moe_ffn_hidden_size=12, moe_shared_expert_intermediate_size=8,
                              moe_aux_loss_coeff=0.05, moe_router_load_balancing_type=balance,
+                             moe_aux_loss_micro_batches=groups,
                              moe_first_k_dense_layers=1, pipeline_model_parallel_size=stages)
 
 
-def whole_model_step(tokens):
+def whole_model_step(tokens, **config):
     ms.set_seed(0)
-    model = GPTModel(make_config())
+    model = GPTModel(make_config(**config))
     params = model.trainable_params()
     loss, grads = ms.value_and_grad(model, None, params)(Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:]))
     return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(params, grads)}, model
 
 
-def staged(schedule_class, micro_batch_num):
+def staged(schedule_class, micro_batch_num, **config):
     """Two stages (layers 0-1: dense + MoE, layers 2-3: MoE + head) on this process."""
-    cfg = make_config(stages=2)
+    cfg = make_config(stages=2, **config)
     stages, models = [], []
     for s in range(2):
         ms.set_seed(0)
@@ -81,6 +82,25 @@ def test_moe_stages_match_the_whole_model(schedule, mode):
     # the router weight of the first stage's MoE layer gets the load-balancing loss's gradient
     router = want_grads["decoder.layers.1.mlp.router.weight"]
     assert np.abs(router).max() > 0
+
+
+def test_batch_aux_loss_is_per_microbatch_under_pp():
+    """``aux_loss`` (f and P over the batch) under a pipeline is taken per microbatch: it equals one process
+    with ``moe_aux_loss_micro_batches`` = the microbatch count, and differs from the whole batch's."""
+    rng = np.random.RandomState(5)
+    tokens = rng.randint(0, VOCAB, (BATCH, SEQ + 1)).astype(np.int32)
+    want_loss, want_grads, _ = whole_model_step(tokens, balance="aux_loss", groups=2)
+    whole_batch_loss = whole_model_step(tokens, balance="aux_loss")[0]
+    sched, stages, models = staged(pp.ScheduleInterleaved1F1B, 2, balance="aux_loss")
+    loss = float(sched.run(Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:]), mode="pynative").asnumpy())
+    assert abs(loss - want_loss) <= 1e-5 * abs(want_loss), (loss, want_loss)
+    assert abs(whole_batch_loss - want_loss) > 1e-5 * abs(want_loss), (whole_batch_loss, want_loss)
+    got = {}
+    for model, st in zip(models, stages):
+        got.update({n: g.asnumpy() for n, g in zip(global_names(model), st.grads)})
+    for name, want in want_grads.items():
+        err = np.abs(got[name] - want).max() / max(np.abs(want).max(), 1e-12)
+        assert err <= 1e-5, f"{name}: gradient differs by {err:.2e}"
 
 
 @pytest.mark.parametrize("extra, workers", [
