@@ -19,8 +19,17 @@ def test_the_table_generates_every_cell_once():
     assert len(all_cells) == 2 * 2 * 2 * (7 + 8 + 8) == 184
     assert len({c.name for c in all_cells}) == len(all_cells)
     assert not [c for c in all_cells if c.layout == "ep2" and c.model == "qwen3"]
-    assert {c.reference for c in all_cells} == {f"{f}-{m}-{d}-one-{mode}" for f in grid.FEATURES
-                                                for m in grid.MODELS for d in grid.DATA for mode in grid.MODES}
+    # Qwen3-MoE's aux_loss (over the batch) is per microbatch under a pipeline: its pp cells' references take it
+    # over the layout's micro_batch_num row groups (one_mb2: 1F1B, one_mb4: DualPipeV)
+    ones = {f"{f}-{m}-{d}-{one}-{mode}" for f in grid.FEATURES for m in grid.MODELS for d in grid.DATA
+            for mode in grid.MODES for one in (("one", "one_mb2", "one_mb4") if m == "qwen3_moe" else ("one",))}
+    assert {c.reference for c in all_cells} == ones
+    cell = grid.Cell("full", "qwen3_moe", "plain", "pp2_dualpipev", "jit")
+    mc = grid.config_of(cell, "/w", layout="one")["model"]["model_config"]
+    assert mc["moe_aux_loss_micro_batches"] == 4 and cell.reference == "full-qwen3_moe-plain-one_mb4-jit"
+    assert "moe_aux_loss_micro_batches" not in grid.config_of(grid.Cell("full", "deepseek_v3", "plain",
+                                                                        "pp2_1f1b", "jit"), "/w", layout="one")[
+        "model"]["model_config"]
 
 
 def test_filter():
