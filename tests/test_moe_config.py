@@ -83,6 +83,9 @@ def test_qwen3_moe_model_keys_and_one_expert_is_dense(tmp_path):
     (["model.model_config.num_experts=4", "parallel_config.expert_parallel=2", "parallel_config.data_parallel=2",
       "parallel_config.context_parallel=2"], 4,
      "parallel_config.expert_parallel = 2 with parallel_config.context_parallel = 2"),
+    (["model.model_config.num_experts=4", "model.model_config.moe_aux_loss_micro_batches=2",
+      "parallel_config.data_parallel=2"], 2,
+     "model.model_config.moe_aux_loss_micro_batches = 2: must be 1 with parallel_config.data_parallel = 2"),
 ])
 def test_preflight_names_moe_problems_before_any_process_group(overrides, workers, message, tmp_path):
     cfg = load_config(TINY, overrides + (["use_parallel=True"] if workers > 1 else []), worker_num=workers)
