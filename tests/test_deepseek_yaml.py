@@ -158,8 +158,8 @@ def test_mtp_with_a_split_leaving_the_last_stage_no_layer_is_refused_before_any_
 def test_tiny_model_trains_with_mtp_from_the_graph_mode_keys(tiny, tmp_path, capsys):
     """mtp_depth / mtp_loss_factor on the command line of the tiny Llama YAML: 2 steps, mtp_loss in every
     record; at step 1 (same weights: drawn by name) loss - mtp_loss = the plain model's loss."""
-    common = ["--config", tiny["yaml"], "--runner_config.max_steps", 2, "--lr_schedule.total_steps", 2,
-              "--callbacks", "[]"]
+    common = ["--config", tiny["yaml"], "--mode", 1, "--runner_config.max_steps", 2, "--lr_schedule.total_steps", 2,
+              "--callbacks", "[]"]          # (PyNative: MTP under jit is proven by tests/test_mtp_msrun.py)
     code, _, err = run(capsys, *common, "--output_dir", tmp_path / "mtp", "--model.model_config.mtp_depth", 1,
                        "--model.model_config.mtp_loss_factor", 0.3)
     assert code == 0, err
@@ -216,7 +216,8 @@ def test_resume_from_an_mtp_checkpoint_is_exact(tiny, tmp_path, capsys):
     """mtp_depth 1, 4 steps in one go vs 2 steps then a resume for 2: the same losses and mtp_loss bitwise, and the
     checkpoint holds the depth's own weights under their global names (mtp.layers.2.*: 2 layers + depth 1)."""
     from tests.test_trainer import saved
-    common = ["--config", tiny["yaml"], "--model.model_config.mtp_depth", 1, "--lr_schedule.total_steps", 4,
+    common = ["--config", tiny["yaml"], "--mode", 1, "--model.model_config.mtp_depth", 1,
+              "--lr_schedule.total_steps", 4,
               "--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 2}]"]
     assert run(capsys, *common, "--output_dir", tmp_path / "full", "--runner_config.max_steps", 4)[0] == 0
     assert run(capsys, *common, "--output_dir", tmp_path / "cut", "--runner_config.max_steps", 2)[0] == 0

@@ -38,7 +38,7 @@ PP2_DP2_HSDP = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2,
 DUALPIPE = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "--parallel_config.micro_batch_num", 4,
             "--runner_config.batch_size", 1, "--parallel.pipeline_config.pipeline_scheduler", "dualpipe"]
 RUNS = [("tp2", "jit"), ("dp2", "pynative"), ("cp2", "pynative"), ("cp2", "jit"), ("cp2_ulysses", "pynative"),
-        ("pp2_dualpipe", "pynative"), ("pp2_dualpipe", "jit")]
+        ("pp2_dualpipe", "pynative")]      # (its jit twin passed when added, 2026-11-28: dropped for the suite's time)
 # level3 in PyNative: under jit its last stage's first step (one compiled island per unit, the MTP layer's too)
 # outlasted the CPU all-reduce's wait of the other stage's ranks in the loaded suite (it passed alone, 2.5e-7)
 FOUR_RUNS = [("pp2_dp2_hsdp2", "jit"), ("pp2_dp2_hsdp3", "pynative")]
@@ -55,8 +55,7 @@ def plan():
            argv(config, out["cp2_pynative"], "--mode", 1, *MTP, *CP2),
            argv(config, out["cp2_jit"], "--mode", 0, *MTP, *CP2),
            argv(config, out["cp2_ulysses_pynative"], "--mode", 1, *MTP, *ULYSSES),
-           argv(config, out["pp2_dualpipe_pynative"], "--mode", 1, *MTP, *DUALPIPE),
-           argv(config, out["pp2_dualpipe_jit"], "--mode", 0, *MTP, *DUALPIPE)]
+           argv(config, out["pp2_dualpipe_pynative"], "--mode", 1, *MTP, *DUALPIPE)]
     four = [argv(config, out["pp2_dp2_hsdp2_jit"], "--mode", 0, *MTP, *PP2_DP2_HSDP, "level2"),
             argv(config, out["pp2_dp2_hsdp3_pynative"], "--mode", 1, *MTP, *PP2_DP2_HSDP, "level3")]
     return config, out, two, four

@@ -50,12 +50,10 @@ def run_one(argvs):
 def plan():
     """The output folders and the workers' argv (made once per process)."""
     base = tempfile.mkdtemp(prefix="sft_msrun_")
-    out = {k: os.path.join(base, k) for k in ("dp2", "one", "dp2_accumulate", "one_accumulate", "cp2", "pp2")}
+    out = {k: os.path.join(base, k) for k in ("dp2", "one", "dp2_accumulate", "one_accumulate", "pp2")}
     dp2 = [argv(out["dp2"], "--use_parallel", "True", "--parallel_config.data_parallel", 2),
            argv(out["dp2_accumulate"], "--use_parallel", "True", "--parallel_config.data_parallel", 2,
                 "--runner_config.gradient_accumulation_steps", 2, *SHORT),
-           argv(out["cp2"], "--use_parallel", "True", "--parallel_config.context_parallel", 2,
-                "--runner_config.batch_size", 4, *SHORT),
            argv(out["pp2"], "--use_parallel", "True", "--parallel_config.pipeline_stage", 2,
                 "--parallel_config.micro_batch_num", 2, "--runner_config.batch_size", 2, *SHORT)]
     return out, dp2
@@ -79,7 +77,7 @@ def one_process():
 def runs():
     out, _ = plan()
     one_process()
-    assert DP2.results() == [[0, 0, 0, 0], [0, 0, 0, 0]]
+    assert DP2.results() == [[0, 0, 0], [0, 0, 0]]
     return out
 
 
@@ -126,13 +124,9 @@ def test_accumulation_on_two_workers_equals_one_process_with_the_global_batch(ru
     assert_close(got, want)
 
 
-def test_packed_rows_at_cp2_equal_one_process(runs):
-    """The YAML's packed rows (documents packed two to a row, boundaries anywhere) with the sequence split over
-    context_parallel 2 (ring, load-balanced storage order): the position and segment ids reach the cp kernel as
-    the whole-sequence mask, and each step's loss is the one process's with the same 4 rows."""
-    got, want = losses(runs["cp2"]), losses(runs["one_accumulate"])
-    assert len(want) == 2
-    assert_close(got, want)
+# (the YAML's packed rows at context_parallel 2: the feature grid's cells full-qwen3-packed-cp2_ring-jit and
+# lora-qwen3-packed-cp2_ring-pynative, tests/test_grid_msrun.py; tests/test_packing_msrun.py: a boundary inside a
+# chunk)
 
 
 def test_packed_rows_through_pipeline_microbatches_equal_one_process(runs):

@@ -53,9 +53,10 @@ DUALPIPE = [*PP2, "--runner_config.batch_size", 1, "--parallel_config.micro_batc
 EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
 RUNS = {"tp2_pynative": (1, TP2), "tp2_jit": (0, TP2), "tp2_sp_jit": (0, TP2 + SP), "dp2_pynative": (1, DP2),
         "dp2_hsdp3_pynative": (1, DP2 + HSDP3), "dp2_hsdp3_jit": (0, DP2 + HSDP3),
-        "pp2_1f1b_pynative": (1, ONE_F_ONE_B + EVERY_STEP), "pp2_1f1b_jit": (0, ONE_F_ONE_B),
-        "pp2_dualpipev_jit": (0, DUALPIPEV), "pp2_dualpipe_pynative": (1, DUALPIPE + EVERY_STEP),
-        "pp2_dualpipe_jit": (0, DUALPIPE)}
+        "pp2_1f1b_pynative": (1, ONE_F_ONE_B + EVERY_STEP),
+        "pp2_dualpipev_jit": (0, DUALPIPEV), "pp2_dualpipe_pynative": (1, DUALPIPE + EVERY_STEP)}
+# (tied under pp in jit: DualPipeV here and pp2 x dp2 with hsdp level3 on 4 workers; the 1F1B and DualPipe jit twins
+# were dropped for the suite's time: they passed when added, 2026-11-28)
 PP2_DP2 = [*PP2, "--parallel_config.data_parallel", 2, "--runner_config.batch_size", 1,
            "--parallel_config.micro_batch_num", 2]
 FOUR_RUNS = {"pp2_tp2_1f1b_pynative": (1, ONE_F_ONE_B + ["--parallel_config.model_parallel", 2]),
