@@ -94,3 +94,20 @@ def test_predict_loads_the_folder_in_setup(tmp_path, monkeypatch):
     got = {p.name: p.asnumpy() for p in trainer.model.get_parameters()}
     assert drawn == [] and all(np.array_equal(got[n], want[n]) for n in want)
     assert trainer.restore() == 0
+
+
+def test_lora_on_a_folder_lacking_base_weights_is_refused_before_any_process_group(tmp_path, monkeypatch):
+    """LoRA freezes the base: the DeepSeek-V3 folder holds no MTP layer, so with mtp_depth 1 the preflight names the
+    missing parameters (and what to change) before distributed init; with mtp_depth 0 the same LoRA run starts."""
+    from mindformers_core.training.config import ConfigError
+    config = hf_yaml(str(tmp_path), os.path.join(HF, "deepseek_v3"))
+    lora = ["--model.model_config.pet_config", "{pet_type: lora, lora_rank: 4, lora_alpha: 8, "
+            "target_modules: '.*o_proj'}"]
+    with pytest.raises(ConfigError) as e:
+        trainer_module.Trainer(config_of(argv(config, tmp_path / "mtp", *ONE, *lora,
+                                              "--model.model_config.mtp_depth", 1)))
+    text = str(e.value)
+    assert "LoRA freezes the base model" in text and "mtp.layers." in text and "mtp_depth to 0" in text, text
+    trainer = trainer_module.Trainer(config_of(argv(config, tmp_path / "plain", *ONE, *lora,
+                                                    "--model.model_config.mtp_depth", 0)))
+    assert trainer._hf_folder() == os.path.join(HF, "deepseek_v3")

@@ -307,6 +307,50 @@ def lora_stage_problems(cfg: Config, shape: JobShape, measured: Optional[List[in
     return problems
 
 
+def lora_base_problems(cfg: Config, shape: JobShape, folder: str) -> List[str]:
+    """LoRA and a Hugging Face folder (the preflight, before any process group): LoRA freezes the base, so every
+    base weight must come from the folder (full fine-tuning draws what a folder lacks, e.g. DeepSeek-V3's MTP
+    layers, and trains it; a random frozen weight would never be trained). The model is built as zeros (no
+    draws), per model stage under a pipeline, and its trainable parameters' global names are looked up."""
+    settings = lora_settings(cfg, shape)
+    spec = get_model_spec(cfg.model.arch.type)
+    held = hf_held(spec, folder) if settings is not None else None
+    if held is None:
+        return []
+    from ..models.hf.loader import folder_holds
+    adapter, tensors = held
+    topo = Topology(0, shape.pp, shape.dp, shape.tp, shape.vpp, shape.scheduler, cp=shape.cp)
+    split = cfg.parallel.pipeline_config.layers_per_stage
+    missing = {}
+    try:
+        mcfg = model_config_for(spec, cfg, shape)
+        for k in range(topo.model_stage_num if shape.pp > 1 else 1):
+            if shape.pp > 1 and split == "auto":
+                return []                      # (measured after start-up: the folder load names what is missing)
+            counts = None if shape.pp == 1 or split is None else \
+                [len(r) for r in topo.layer_ranges(int(cfg.model.model_config.num_layers), split)]
+            with deferred_init():
+                chunk = spec.model_class(mcfg) if shape.pp == 1 else spec.model_class(
+                    mcfg, pp_rank=k % shape.pp, layers_per_stage=counts,
+                    vp_stage=k // shape.pp if shape.vpp > 1 else None)
+            numbers = chunk.decoder.layer_numbers if shape.pp > 1 else None
+            for p in chunk.trainable_params():
+                name = global_param_name(p.name, numbers)
+                if not folder_holds(adapter, name, p.shape, tensors):
+                    missing[name] = True
+    except (ValueError, TypeError, KeyError):     # a model that cannot be built: the build names it
+        return []
+    if not missing:
+        return []
+    names = sorted(missing)
+    hint = " (the multi-token prediction layers: set model.model_config.mtp_depth to 0, or use a folder that " \
+           "holds them)" if all(n.startswith("mtp.") for n in names) else ""
+    return [f"{settings.source} with load_checkpoint = {folder!r}: LoRA freezes the base model, so every base "
+            f"weight must come from the folder, but {len(names)} parameter(s) have no tensor there: "
+            f"{', '.join(names[:4])}{', ...' if len(names) > 4 else ''}{hint}; a frozen random weight would never "
+            "be trained (full fine-tuning draws and trains them)"]
+
+
 def _apply_lora(settings, chunk, mcfg, rank: int, log=print, require_match: bool = True) -> list:
     """LoRA on ``chunk`` (nothing without settings); the adapted names. ``require_match=False``: a pipeline
     stage that holds none of the targets is not an error here (``lora_stage_problems`` checks every rank)."""

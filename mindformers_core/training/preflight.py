@@ -358,6 +358,14 @@ class _Checks:
     def files_and_features(self) -> Preflight:
         cfg, shape, found, errors = self.cfg, self.shape, self.found, self.errors
         found.checkpoint_source = self.checkpoint_source()
+        source = found.checkpoint_source
+        if source is not None and source[0] == "hf" and not source[2] \
+                and dict(cfg.model.model_config).get("pet_config") is not None:
+            from .model_builder import lora_base_problems
+            try:
+                errors.extend(lora_base_problems(cfg, shape, source[1]))
+            except ConfigError as e:
+                errors.extend(e.errors)
         if not shape.predicting:
             try:
                 ds = cfg.train_dataset
