@@ -138,15 +138,16 @@ class Rule(ABC):
 
 
 @dataclass(frozen=True)
-class NameRule(Rule):
-    """One tensor of ours is one Hugging Face tensor, transposed (2-D) or not."""
+class PatternPairRule(Rule, ABC):
+    """A rule whose tensor of ours is read from one tensor of the other side, each named by a pattern with the
+    same fields (the naming half of :class:`NameRule` and of MindFormers' fused and stacked rules)."""
     ours_pattern: str
     hf_pattern: str
-    transpose: bool = False
 
     def __post_init__(self):
         if set(_FIELD.findall(self.ours_pattern)) != set(_FIELD.findall(self.hf_pattern)):
-            raise ValueError(f"NameRule: {self.ours_pattern!r} and {self.hf_pattern!r} must use the same fields")
+            raise ValueError(f"{type(self).__name__}: {self.ours_pattern!r} and {self.hf_pattern!r} must use the "
+                             "same fields")
 
     def match_ours(self, name):
         return _match(self.ours_pattern, name)
@@ -159,6 +160,12 @@ class NameRule(Rule):
 
     def hf_sources(self, fields, shape=None):
         return [self.hf_pattern.format(**fields)]
+
+
+@dataclass(frozen=True)
+class NameRule(PatternPairRule):
+    """One tensor of ours is one Hugging Face tensor, transposed (2-D) or not."""
+    transpose: bool = False
 
     def _flip(self, array):
         return _flip(array, self.transpose)

@@ -29,29 +29,20 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..state_dict import READ_BLOCK_BYTES, Rule, _FIELD, _match, cast_into, read_into
+from ..state_dict import READ_BLOCK_BYTES, PatternPairRule, cast_into, read_into
 
 SMALL_RUN_BYTES = 1 << 20      # parts narrower than this are read a block of whole groups at a time
 
 
-def _fields_equal(a: str, b: str, who: str) -> None:
-    if set(_FIELD.findall(a)) != set(_FIELD.findall(b)):
-        raise ValueError(f"{who}: {a!r} and {b!r} must use the same fields")
-
-
 @dataclass(frozen=True)
-class FusedRule(Rule):
-    """Our tensor ``ours_pattern`` is part ``part`` of the MindFormers tensor ``mf_pattern`` (see the module doc).
-    ``sizes``: rows of each part in one group (None: ``nparts`` equal parts of our width, one group)."""
-    ours_pattern: str
-    hf_pattern: str                 # the MindFormers name (``hf`` in the Rule interface: "the other side")
+class FusedRule(PatternPairRule):
+    """Our tensor ``ours_pattern`` is part ``part`` of the MindFormers tensor ``hf_pattern`` (``hf`` in the Rule
+    interface: "the other side"; see the module doc). ``sizes``: rows of each part in one group (None: ``nparts``
+    equal parts of our width, one group)."""
     part: int
     sizes: Optional[Tuple[int, ...]] = None
     nparts: int = 2
     transpose: bool = True
-
-    def __post_init__(self):
-        _fields_equal(self.ours_pattern, self.hf_pattern, "FusedRule")
 
     # --------------------------------------------------------------- geometry
     def _width(self, shape) -> int:
@@ -72,22 +63,12 @@ class FusedRule(Rule):
         return (groups * per, int(shape[0])) if self.transpose else (groups * per,)
 
     # --------------------------------------------------------------- Rule
-    def match_ours(self, name):
-        return _match(self.ours_pattern, name)
-
-    def match_hf(self, name):
-        return _match(self.hf_pattern, name)
-
-    def ours(self, fields):
-        return self.ours_pattern.format(**fields)
-
-    def hf_sources(self, fields, shape=None):
-        return [self.hf_pattern.format(**fields)]
-
     def hf_shapes(self, fields, shape):
         return {self.hf_pattern.format(**fields): self.mf_shape(shape)}
 
     def to_hf(self, fields, array):
+        """Not this rule's job: the Rule interface returns whole other-side tensors, and our tensor is only one part
+        of the fused one; ``MFAdapter.to_hf`` allocates it once and each part writes itself in with :meth:`place`."""
         raise NotImplementedError("FusedRule: write the fused tensor with place() (MFAdapter.to_hf)")
 
     def from_hf(self, fields, arrays):
@@ -151,37 +132,23 @@ class FusedRule(Rule):
 
 
 @dataclass(frozen=True)
-class ExpertsRule(Rule):
+class ExpertsRule(PatternPairRule):
     """Our ``(E, a, b)`` routed-expert tensor ``ours_pattern`` <- part ``part`` of ``nparts`` of MindFormers'
     ``(E*a, nparts*b)`` ``hf_pattern`` (expert e's rows ``e*a ...``, our part's columns ``part*b ...``)."""
-    ours_pattern: str
-    hf_pattern: str
     part: int = 0
     nparts: int = 1
-
-    def __post_init__(self):
-        _fields_equal(self.ours_pattern, self.hf_pattern, "ExpertsRule")
-
-    def match_ours(self, name):
-        return _match(self.ours_pattern, name)
-
-    def match_hf(self, name):
-        return _match(self.hf_pattern, name)
-
-    def ours(self, fields):
-        return self.ours_pattern.format(**fields)
-
-    def hf_sources(self, fields, shape=None):
-        return [self.hf_pattern.format(**fields)]
 
     def hf_shapes(self, fields, shape):
         e, a, b = (int(d) for d in shape)
         return {self.hf_pattern.format(**fields): (e * a, self.nparts * b)}
 
     def to_hf(self, fields, array):
+        """Not this rule's job (as :meth:`FusedRule.to_hf`): ``MFAdapter.to_hf`` writes each part with :meth:`place`."""
         raise NotImplementedError("ExpertsRule: write the stacked tensor with place() (MFAdapter.to_hf)")
 
     def from_hf(self, fields, arrays):
+        """Not answerable from the arrays alone: the expert count comes from our tensor's shape, which
+        :meth:`read` is given (every load goes through ``read``)."""
         raise NotImplementedError("ExpertsRule: the expert count comes from our shape; use read()")
 
     def place(self, fields, array: np.ndarray, target: np.ndarray) -> None:
