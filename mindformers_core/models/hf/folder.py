@@ -20,7 +20,7 @@ import os
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -70,19 +70,29 @@ class HFFolder:
         slice: only the bytes from the slice's first to its last row are read); ``KeyError`` for a tensor the
         folder does not hold. BF16 comes as MindSpore's NumPy ``bfloat16``. Files are opened once each,
         closed on exit."""
-        with contextlib.ExitStack() as stack:
-            handles = {}
-
-            def read(name, slices=None):
-                info = self.tensors.get(name)
-                if info is None:
-                    raise KeyError(name)
-                fd = handles.get(info.file)
-                if fd is None:
-                    fd = handles[info.file] = os.open(info.file, os.O_RDONLY)
-                    stack.callback(os.close, fd)
-                return read_slice(fd, info, slices)
+        with tensor_reader(self.tensors) as read:
             yield read
+
+
+@contextlib.contextmanager
+def tensor_reader(tensors: Mapping[str, "TensorInfo"], read_one=None) -> Iterator:
+    """``read(name, slices or None)`` over ``tensors`` (name -> info with ``.file``): each file opened once, on
+    first use, and closed on exit; ``KeyError`` for a name not held. ``read_one(fd, info, slices)`` reads one
+    tensor (default: :func:`read_slice`, a safetensors tensor; MindFormers' ``.ckpt`` entries bring their own)."""
+    read_one = read_one or read_slice
+    with contextlib.ExitStack() as stack:
+        handles = {}
+
+        def read(name, slices=None):
+            info = tensors.get(name)
+            if info is None:
+                raise KeyError(name)
+            fd = handles.get(info.file)
+            if fd is None:
+                fd = handles[info.file] = os.open(info.file, os.O_RDONLY)
+                stack.callback(os.close, fd)
+            return read_one(fd, info, slices)
+        yield read
 
 
 def numpy_dtype(code: str) -> np.dtype:

@@ -45,21 +45,11 @@ class MFCheckpoint:
     def reader(self) -> Iterator:
         """``read(name, slices or None) -> np.ndarray`` as ``HFFolder.reader``; ``KeyError`` for a tensor the
         checkpoint does not hold."""
-        from ..hf.folder import read_slice
-        with contextlib.ExitStack() as stack:
-            handles = {}
+        from ..hf.folder import read_slice, tensor_reader
 
-            def read(name, slices=None):
-                info = self.tensors.get(name)
-                if info is None:
-                    raise KeyError(name)
-                fd = handles.get(info.file)
-                if fd is None:
-                    fd = handles[info.file] = os.open(info.file, os.O_RDONLY)
-                    stack.callback(os.close, fd)
-                if isinstance(info, CkptTensorInfo):
-                    return read_ckpt_slice(fd, info, slices)
-                return read_slice(fd, info, slices)
+        def read_one(fd, info, slices):
+            return (read_ckpt_slice if isinstance(info, CkptTensorInfo) else read_slice)(fd, info, slices)
+        with tensor_reader(self.tensors, read_one) as read:
             yield read
 
 
