@@ -325,16 +325,21 @@ class Trainer:
             self.log(f"loss curve: {svg}" + (f"; TensorBoard: tensorboard --logdir {board.directory}"
                                              if board.directory else ""))
 
-    def export_hf(self, out: str) -> Optional[str]:
-        """Write the trained model as a Hugging Face folder (collective: a checkpoint of the last step is
-        saved if there is none, then rank 0 merges it and writes ``out``)."""
+    def _last_step_saved_for_export(self) -> bool:
+        """Collective: a checkpoint of the last step on disk (saved now if there is none); True on the rank that
+        writes exports (rank 0)."""
         from ..checkpoint.format import read_tracker
-        from .export_hf import export_checkpoint
         self.checkpointer.wait()
         if read_tracker(self.checkpoint_dir) != self.total_steps:
             self.save(self.total_steps)
             self.checkpointer.wait()
-        if self.rank != 0:
+        return self.rank == 0
+
+    def export_hf(self, out: str) -> Optional[str]:
+        """Write the trained model as a Hugging Face folder (collective: a checkpoint of the last step is
+        saved if there is none, then rank 0 merges it and writes ``out``)."""
+        from .export_hf import export_checkpoint
+        if not self._last_step_saved_for_export():
             return None
         path = export_checkpoint(self.cfg, self.checkpoint_dir, out, step=self.total_steps, log=self.log)
         if self.checkpointer.frozen:       # LoRA: the adapters also as a PEFT adapter folder beside it
@@ -350,13 +355,8 @@ class Trainer:
     def export_mf(self, out: str) -> Optional[str]:
         """Write the trained model as a MindFormers checkpoint (collective, as :meth:`export_hf`: a checkpoint of
         the last step is saved if there is none, then rank 0 merges it and writes ``out``)."""
-        from ..checkpoint.format import read_tracker
         from .export_mf import export_checkpoint
-        self.checkpointer.wait()
-        if read_tracker(self.checkpoint_dir) != self.total_steps:
-            self.save(self.total_steps)
-            self.checkpointer.wait()
-        if self.rank != 0:
+        if not self._last_step_saved_for_export():
             return None
         return export_checkpoint(self.cfg, self.checkpoint_dir, out, step=self.total_steps,
                                  model_config=self.model_config, log=self.log)

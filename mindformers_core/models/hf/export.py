@@ -10,11 +10,12 @@ to ``dtype``), so HF -> ours -> HF is the identity.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 
@@ -30,6 +31,27 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def staged_folder(out: str) -> Iterator[str]:
+    """A temporary folder beside ``out`` to write into, published as ``out`` when the block ends (its files
+    already synced by the writer; the folder, the rename and the parent synced here; an older ``out`` replaced),
+    removed if the block raises: nothing half-written is ever seen at ``out``."""
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
+    os.chmod(stage, 0o755)
+    try:
+        yield stage
+        _fsync_dir(stage)
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.replace(stage, out)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 def _write_json(path: str, obj) -> None:
@@ -73,11 +95,7 @@ def export_folder(out: str, state: Mapping[str, np.ndarray], adapter: StateDictA
     if dtype is not None:
         tensors = {k: v.astype(dtype) for k, v in tensors.items()}
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
-    os.chmod(stage, 0o755)
-    try:
+    with staged_folder(out) as stage:
         groups = shard_plan(tensors, max_shard_bytes)
         if len(groups) == 1:
             save_file({k: tensors[k] for k in groups[0]}, os.path.join(stage, SINGLE), metadata={"format": "pt"})
@@ -100,12 +118,4 @@ def export_folder(out: str, state: Mapping[str, np.ndarray], adapter: StateDictA
         for name in os.listdir(stage):
             with open(os.path.join(stage, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(stage)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.replace(stage, out)
-        _fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return out

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from ..hf.export import _fsync_dir, shard_plan
+from ..hf.export import _fsync_dir, shard_plan, staged_folder
 from .ckpt import write_ckpt
 from .files import INDEX_FILES
 from .names import MFAdapter
@@ -63,9 +62,7 @@ def write_checkpoint(out: str, state: Mapping[str, np.ndarray], adapter: MFAdapt
                 os.remove(stage)
             raise
         return out
-    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
-    os.chmod(stage, 0o755)
-    try:
+    with staged_folder(out) as stage:
         weight_map = {}
         for k, names in enumerate(shard_plan(tensors, max_part_bytes)):
             file = f"part{k}.safetensors"
@@ -77,14 +74,6 @@ def write_checkpoint(out: str, state: Mapping[str, np.ndarray], adapter: MFAdapt
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(stage)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.replace(stage, out)
-        _fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return out
 
 
