@@ -32,7 +32,7 @@ SUBSET = [
     "full-qwen3_moe-packed-tp2_sp-pynative",
     "lora-qwen3-plain-dp2-pynative",
     "lora-qwen3-packed-cp2_ring-pynative",
-    "full-qwen3_moe-plain-cp2_ulysses-pynative",
+    "full-deepseek_v3-packed-cp2_ulysses-pynative",     # MTP with packed rows under context parallel
     "full-deepseek_v3-plain-pp2_1f1b-pynative",
     "full-deepseek_v3-plain-pp2_dualpipev-pynative",
     "lora-qwen3_moe-packed-ep2-pynative",

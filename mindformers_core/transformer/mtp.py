@@ -141,7 +141,7 @@ class MultiTokenPredictionLayer(nn.Cell):
         if loss_mask is None:
             mask = token_loss * 0.0 + self.in_range
         else:
-            mask = ops.gather(ops.cast(loss_mask, ms.float32), self.shift_index, 1) * self.in_range
+            mask = ops.cast(ops.gather(loss_mask, self.shift_index, 1), ms.float32) * self.in_range
         loss = self.masked_mean(token_loss, mask)
         if self.returns_aux:
             return x, loss, aux
