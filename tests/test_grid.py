@@ -59,7 +59,10 @@ def test_a_cell_and_its_reference_differ_only_in_the_parallel_keys(tmp_path):
         assert mc["pet_config"]["target_modules"] == grid.MODELS["deepseek_v3"].values["lora_targets"]
         assert mc["mtp_depth"] == 1 and mc["seq_length"] == 256
         assert r["train_dataset"]["data_loader"]["path"].endswith(os.path.join("sft", "alpaca_arith.json"))
-        assert r["pretrained_model_dir"] == r["load_checkpoint"] == os.path.join(grid.FIXTURES, "hf", "deepseek_v3")
+        # LoRA freezes the base: the folder with the MTP layer DeepSeek's checkpoints hold (made by prepare())
+        assert r["pretrained_model_dir"] == r["load_checkpoint"] == str(tmp_path / "hf" / "deepseek_v3_with_mtp_layer")
+    full = grid.Cell("full", "deepseek_v3", "packed", "pp2_1f1b", "jit")
+    assert grid.config_of(full, str(tmp_path))["load_checkpoint"] == os.path.join(grid.FIXTURES, "hf", "deepseek_v3")
     plain = grid.config_of(grid.Cell("full", "qwen3", "plain", "dp2", "pynative"), str(tmp_path))
     assert plain["train_dataset"] == {"type": "text", "dataset_dir": str(tmp_path / "corpus.txt"), "shuffle": False}
     assert "pet_config" not in plain["model"]["model_config"] and "offset" not in plain["model"]["model_config"]
@@ -184,3 +187,25 @@ def test_a_cell_past_its_deadline_ends_its_worker_with_a_record(tmp_path):
     record = json.loads((tmp_path / "H.rank0.json").read_text())
     assert record["status"] == "hang" and "deadline" in record["error"]
     assert "past its deadline of 1 s" in (tmp_path / "rank_0.error").read_text()
+
+
+def test_lora_on_deepseek_loads_a_folder_holding_its_mtp_layer(tmp_path):
+    """transformers writes no MTP layer; the grid's LoRA cells load the fixture with one added as DeepSeek's
+    checkpoints store it (layer num_hidden_layers), so the preflight, which refuses LoRA on a folder lacking a
+    base weight, lets them start, and every tensor of the fixture is kept as it was."""
+    from safetensors.numpy import load_file
+    cell = grid.Cell("lora", "deepseek_v3", "plain", "dp2", "pynative")
+    refused, launched, refs = grid.prepare([cell], str(tmp_path))
+    assert refused == {} and list(launched) == [cell.name] and list(refs) == [cell.reference]
+    source = load_file(os.path.join(grid.FIXTURES, "hf", "deepseek_v3", "model.safetensors"))
+    derived = load_file(str(tmp_path / "hf" / "deepseek_v3_with_mtp_layer" / "model.safetensors"))
+    assert all(np.array_equal(derived[k], v) for k, v in source.items())
+    added = sorted(set(derived) - set(source))
+    assert added and all(k.startswith("model.layers.3.") for k in added), added
+    assert {"model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight",
+            "model.layers.3.shared_head.norm.weight"} <= set(added)
+    # without it, the same cell is refused by name (the fixture lacks the MTP layer)
+    raw = grid.config_of(cell, str(tmp_path))
+    raw["pretrained_model_dir"] = raw["load_checkpoint"] = os.path.join(grid.FIXTURES, "hf", "deepseek_v3")
+    why = grid.refusal(grid.write_config(raw, str(tmp_path / "bare.yaml")))
+    assert why is not None and "mtp.layers.3" in why, why

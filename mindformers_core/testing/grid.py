@@ -63,6 +63,7 @@ class Model:
     what: str
     values: Dict[str, Any] = field(default_factory=dict)     # "$name" -> value
     keys: Dict[str, Any] = field(default_factory=dict)       # extra YAML keys of every cell of this model
+    lora_folder: str = ""          # LoRA cells load this derivation of the folder (``DERIVED_FOLDERS``), not it
 
 
 MODELS: Dict[str, Model] = {
@@ -78,7 +79,8 @@ MODELS: Dict[str, Model] = {
         "lora_targets": r".*q_b_proj|.*kv_b_proj|.*o_proj|.*experts\.(gate|up|down)_proj",
         "pp_offset": [1, 0],
         "v_split": [0, 1, 1, 1]},               # the MTP depth runs on the last stage, after a decoder layer
-        keys={"model.model_config.mtp_depth": 1, "model.model_config.mtp_loss_factor": 0.3}),
+        keys={"model.model_config.mtp_depth": 1, "model.model_config.mtp_loss_factor": 0.3},
+        lora_folder="with_mtp_layer"),
 }
 
 DATA: Dict[str, Dict[str, Any]] = {
@@ -237,12 +239,59 @@ def aux_groups(cell: Cell) -> int:
     return int(LAYOUTS.get(cell.layout, {}).get("parallel_config.micro_batch_num", 1))
 
 
+def with_mtp_layer(source: str, target: str) -> None:
+    """``source`` (a DeepSeek-V3 folder made by transformers, which neither reads nor writes the MTP layers its
+    config counts) with its MTP layers added as DeepSeek's released checkpoints store them: layer
+    ``num_hidden_layers + k`` holds a copy of the last decoder layer's weights, ``enorm`` / ``hnorm`` /
+    ``shared_head.norm`` (ones), ``eh_proj`` (normal, std 0.02, fixed seed) and copies of the embedding and the
+    head. Full fine-tuning draws the weights a folder lacks; LoRA freezes every base weight, so each must be
+    in the folder (the trainer's preflight refuses one that lacks any: ``model_builder.lora_base_problems``)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    with open(os.path.join(source, "config.json")) as f:
+        hf = json.load(f)
+    layers, depths, h = hf["num_hidden_layers"], int(hf.get("num_nextn_predict_layers") or 0), hf["hidden_size"]
+    if depths < 1:
+        raise ValueError(f"{source}: config.json num_nextn_predict_layers = {depths}: no MTP layer to add")
+    tensors = load_file(os.path.join(source, "model.safetensors"))
+    last = f"model.layers.{layers - 1}."
+    rng = np.random.default_rng(20261128)
+    for k in range(depths):
+        mtp = f"model.layers.{layers + k}."
+        dtype = tensors["model.embed_tokens.weight"].dtype
+        for name in [n for n in tensors if n.startswith(last)]:
+            tensors[mtp + name[len(last):]] = tensors[name].copy()
+        for norm in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+            tensors[mtp + norm] = np.ones((h,), dtype)
+        tensors[mtp + "eh_proj.weight"] = (rng.standard_normal((h, 2 * h)) * 0.02).astype(dtype)
+        tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].copy()
+        tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].copy()
+    staging = target + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns("*.safetensors", "*.npz"))
+    save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
+
+
+DERIVED_FOLDERS: Dict[str, Callable[[str, str], None]] = {"with_mtp_layer": with_mtp_layer}
+
+
+def folder_of(cell: Cell, work: str, fixtures: str = FIXTURES) -> str:
+    """The Hugging Face folder ``cell`` (and its reference) loads: the model's fixture, or for LoRA its
+    ``lora_folder`` derivation under ``work`` (made by :func:`prepare`)."""
+    model = MODELS[cell.model]
+    if cell.feature == "lora" and model.lora_folder:
+        return os.path.join(work, "hf", f"{model.folder}_{model.lora_folder}")
+    return os.path.join(fixtures, "hf", model.folder)
+
+
 def config_of(cell: Cell, work: str, layout: Optional[str] = None, fixtures: str = FIXTURES) -> Dict[str, Any]:
     """The YAML (a dict) of ``cell``; ``layout="one"`` gives its reference (every parallel size 1)."""
     import copy
     layout = cell.layout if layout is None else layout
     model = MODELS[cell.model]
-    folder = os.path.join(fixtures, "hf", model.folder)
+    folder = folder_of(cell, work, fixtures)
     names = {**model.values, "fixtures": fixtures, "work": work}
     raw = copy.deepcopy(BASE)
     raw["pretrained_model_dir"] = raw["load_checkpoint"] = folder
@@ -517,6 +566,10 @@ def prepare(selected: Sequence[Cell], work: str, fixtures: str = FIXTURES) -> Tu
     os.makedirs(work, exist_ok=True)
     if any(c.data == "plain" for c in selected) and not os.path.isfile(os.path.join(work, "corpus.txt")):
         build_corpus(os.path.join(work, "corpus.txt"), max_bytes=20_000)
+    for c in selected:
+        folder, model = folder_of(c, work, fixtures), MODELS[c.model]
+        if not os.path.isdir(folder):
+            DERIVED_FOLDERS[model.lora_folder](os.path.join(fixtures, "hf", model.folder), folder)
     refused, launched, refs = {}, {}, {}
     for c in selected:
         path = write_config(config_of(c, work, fixtures=fixtures), os.path.join(work, "yaml", c.name + ".yaml"))
