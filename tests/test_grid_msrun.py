@@ -37,8 +37,8 @@ SUBSET = [
     "full-deepseek_v3-plain-pp2_dualpipev-pynative",
     "lora-qwen3_moe-packed-ep2-pynative",
     "full-deepseek_v3-packed-dp2_hsdp3-pynative",
-    # jit (the cheapest compiles of each kind: Qwen3 where any model shows the layout)
-    "full-qwen3-plain-tp2_sp-jit",
+    # jit (the cheapest compiles of each kind: Qwen3 where any model shows the layout, but for tp2+SP)
+    "lora-qwen3_moe-plain-tp2_sp-jit",     # adapters beside the MoE router's counters (comm.kernels.FreshCopy)
     "lora-qwen3-packed-dp2-jit",
     "full-qwen3-packed-cp2_ring-jit",
     "full-qwen3-packed-cp2_ulysses-jit",

@@ -74,7 +74,8 @@ class Redistribute(CommCell):
         rank = get_env().rank
         self.forward_plan = forward
         self.backward_plan = backward
-        self.forward_steps = _Steps(plan_kernels(forward, rank))
+        # a forward with no step gives a new value, not x itself (kernels.FreshCopy: MindSpore 2.10's jit)
+        self.forward_steps = _Steps(plan_kernels(forward, rank)) if forward.steps else K.FreshCopy()
         self.has_backward = backward is not None
         self.backward_steps = _Steps(plan_kernels(backward, rank) if backward is not None else [])
         self.scale = float(scale)

@@ -13,16 +13,26 @@ from .kernels import CommCell
 
 
 class Identity(CommCell):
+    """The forward of ``copy_to_region`` (and the backward of ``reduce_from_region``): ``x`` as a new value, never
+    ``x`` itself (``kernels.FreshCopy``: a custom-bprop Cell passing its input through gets wrong gradients
+    under ``ms.jit`` once the graph has a side effect)."""
+    mode = "identity"
+
+    def __init__(self):
+        super().__init__()
+        self.fresh = K.FreshCopy()
+
     def construct(self, x):
-        return x
+        return self.fresh(x)
 
 
 class Differentiable(CommCell):
-    """``y = forward(x)``, ``dx = backward(dy)``: the shape of every linear collective."""
+    """``y = forward(x)``, ``dx = backward(dy)``: the shape of every linear collective. A forward that passes
+    its input through (a one-member group) gives a new value (``kernels.FreshCopy``)."""
 
     def __init__(self, forward: nn.Cell, backward: nn.Cell):
         super().__init__()
-        self.forward_kernel = forward
+        self.forward_kernel = K.FreshCopy() if K.passes_input_through(forward) else forward
         self.backward_kernel = backward
 
     def construct(self, x):
@@ -38,6 +48,8 @@ class AllReduceExtremum(CommCell):
     def __init__(self, group: ProcessGroup, op: str):
         super().__init__()
         self.reduce = K.AllReduceKernel(group, op)
+        if K.passes_input_through(self.reduce):
+            self.reduce = K.FreshCopy()
         self.sum = K.AllReduceKernel(group, "sum")
 
     def construct(self, x):

@@ -44,6 +44,27 @@ class CommCell(nn.Cell):
         super().__init__(auto_prefix=False)
 
 
+class FreshCopy(CommCell):
+    """``x`` as a new value (``ops.Identity``: one copy), for the forward of a Cell with a custom ``bprop`` that
+    would otherwise return its input unchanged. MindSpore 2.10 graph mode (measured on CPU, one process, no
+    collective): such a Cell (identity forward, e.g. a gradient-only all-reduce or a "make partial" step) gets
+    wrong gradients upstream of it as soon as the graph holds any side effect (an ``assign_add`` counter
+    anywhere, like the MoE router's), while PyNative is right; a forward producing a new value is right in both
+    (``tests/test_comm_identity_bprop.py``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copy = ops.Identity()
+
+    def construct(self, x):
+        return self.copy(x)
+
+
+def passes_input_through(cell) -> bool:
+    """Whether ``cell``'s forward returns its input unchanged (a kernel in its one-member ``identity`` mode)."""
+    return getattr(cell, "mode", None) == "identity"
+
+
 _MS_REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "prod"}
 
 
