@@ -34,7 +34,7 @@ SUBSET = [
     "lora-qwen3-packed-cp2_ring-pynative",
     "full-deepseek_v3-packed-cp2_ulysses-pynative",     # MTP with packed rows under context parallel
     "full-deepseek_v3-plain-pp2_1f1b-pynative",
-    "full-deepseek_v3-plain-pp2_dualpipev-pynative",
+    "lora-deepseek_v3-plain-pp2_dualpipev-pynative",   # the fixture with its MTP layer added (grid.with_mtp_layer)
     "lora-qwen3_moe-packed-ep2-pynative",
     "full-deepseek_v3-packed-dp2_hsdp3-pynative",
     # jit (the cheapest compiles of each kind: Qwen3 where any model shows the layout, but for tp2+SP)
