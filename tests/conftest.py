@@ -147,7 +147,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         rows = sorted(by_nproc[nproc], reverse=True)
         terminalreporter.write_line(f"{nproc} ranks: {sum(r[0] for r in rows):.0f} s, {sum(r[1] for r in rows):.0f} "
                                     f"CPU s in {len(rows)} jobs")
-        for secs, cpu, name in rows[:15]:
+        for secs, cpu, name in rows:
             terminalreporter.write_line(f"  {secs:7.1f}s  {cpu:7.1f} CPU s  {name}")
 
 

@@ -6,9 +6,9 @@ its own ``use_seq_parallel: True``) with LoRA on q/v at tensor parallel 2, under
 LoRA's A, beside the base linear, kept it split, and the attention reshapes q with ``x.shape[1]``); it now equals
 one process.
 
-Then the cells on the Qwen3 fixture (LoRA on q, v, o and down): tp2 (jit), tp2 with sequence parallel, dp2 with
+Then the cells on the Qwen3 fixture (LoRA on q, v, o and down): tp2 (jit), dp2 with
 hsdp level1, level2 and level3 (the adapters' state sharded over dp; level3 also gathers the adapters per unit;
-the frozen base stays whole), cp2 ring and cp2 Ulysses, pp2 1F1B and pp2 DualPipeV (jit, layers_per_stage
+the frozen base stays whole), cp2 Ulysses (tp2 with sequence parallel and cp2 ring: the feature grid's cells), pp2 1F1B and pp2 DualPipeV (jit, layers_per_stage
 [0, 1, 0, 1]: each rank holds one adapted layer), and on the Qwen3-MoE fixture dp2 x ep2 with adapters on the
 attention and on the routed experts' gate, up and down weights (expert adapters split over ep like the experts;
 PyNative and jit: the expert-parallel kernels' graph path). Proof: the losses of a 3-step fine-tune agree to a
@@ -48,9 +48,10 @@ DUALPIPEV = ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2, "-
              "--parallel.pipeline_config.pipeline_interleave", 2,
              "--parallel.pipeline_config.layers_per_stage", "[0, 1, 0, 1]"]
 EP2 = [*PAR, "--parallel_config.data_parallel", 2, "--parallel_config.expert_parallel", 2]
+# LoRA at tp2 + SP (jit: the user's run below and lora-qwen3_moe-plain-tp2_sp-jit) and at cp2 ring (PyNative:
+# lora-qwen3-packed-cp2_ring-pynative) are the feature grid's cells (tests/test_grid_msrun.py)
 JOBS = {   # name -> (fixture, mode, parallel flags); every job takes 4 rows per step, as the references
     "tp2_jit": ("qwen3", 0, TP2),
-    "tp2_sp_pynative": ("qwen3", 1, [*TP2, "--parallel_config.use_seq_parallel", True]),
     "pp2_pynative": ("qwen3", 1, ["--use_parallel", "True", "--parallel_config.pipeline_stage", 2,
                                   "--parallel_config.micro_batch_num", 2, "--runner_config.batch_size", 2]),
     "pp2_dualpipev_jit": ("qwen3", 0, DUALPIPEV),
@@ -59,7 +60,6 @@ JOBS = {   # name -> (fixture, mode, parallel flags); every job takes 4 rows per
     "dp2_hsdp1_pynative": ("qwen3", 1, [*HSDP, "--hsdp.optimizer_level", "level1"]),
     "dp2_hsdp2_pynative": ("qwen3", 1, [*HSDP, "--hsdp.optimizer_level", "level2"]),
     "dp2_hsdp3_pynative": ("qwen3", 1, [*HSDP, "--hsdp.optimizer_level", "level3"]),
-    "cp2_ring_pynative": ("qwen3", 1, CP2),
     "cp2_ulysses_pynative": ("qwen3", 1, [*CP2, "--parallel_config.context_parallel_algo", "ulysses"]),
     "ep2_pynative": ("qwen3_moe", 1, EP2),
     "ep2_jit": ("qwen3_moe", 0, EP2),

@@ -8,8 +8,8 @@ Packed rows through the pipeline microbatches of hsdp and of DualPipe: MindForme
 (HFDataLoader, Alpaca handler, PackingHandler pack: loss_mask, position_ids, segment_ids) through
 ``run_mindformer.py``, 2 steps, equals one process with the same 4 rows a step (each step's loss and grad norm to
 1e-5, the Hugging Face export at the end to 1e-5 of each tensor's largest magnitude): DualPipeV (jit) and the
-bidirectional DualPipe (PyNative) at pp2 with 4 microbatches of a row, and on 4 workers pp2 x dp2 with hsdp level2
-(jit, the YAML's mode) and level3 (PyNative), 2 microbatches of a row per replica. The microbatches hold different
+bidirectional DualPipe (PyNative) at pp2 with 4 microbatches of a row, and on 4 workers pp2 x dp2 with hsdp level3
+(PyNative; level3 under jit: the feature grid's packed hsdp3 cell), 2 microbatches of a row per replica. The microbatches hold different
 numbers of unmasked tokens, so the runtime's token weights (``TokenWeights``, counted over dp) matter.
 
 The bodies run in the suite's batched 2-worker (and 4-worker) launches (tests/msrun_batch.py); the one-process
@@ -178,7 +178,9 @@ V = ["--parallel.pipeline_config.pipeline_interleave", 2, "--parallel.pipeline_c
      "[1, 1, 0, 0]", "--recompute_config.recompute", "False"]
 PIPELINE_RUNS = {"pp2_dualpipev_jit": (0, [*DUALPIPE, "dualpipev", *V]),
                  "pp2_dualpipe_pynative": (1, [*DUALPIPE, "dualpipe"])}
-FOUR_RUNS = {"pp2_dp2_hsdp2_jit": (0, [*HSDP, "level2"]), "pp2_dp2_hsdp3_pynative": (1, [*HSDP, "level3"])}
+# pp2 x dp2 with hsdp level3 in PyNative (packed rows through hsdp level3 under jit, without pp: the feature grid's
+# full-qwen3-packed-dp2_hsdp3-jit; level2 under a pipeline: tests/test_mtp_msrun.py's pp2 x dp2 job)
+FOUR_RUNS = {"pp2_dp2_hsdp3_pynative": (1, [*HSDP, "level3"])}
 
 
 @functools.lru_cache(maxsize=None)

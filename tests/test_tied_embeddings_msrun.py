@@ -1,7 +1,7 @@
 """Tied word embeddings (``tie_word_embeddings: true``: Qwen3 up to 4B, Qwen2.5 up to 3B, Llama-3.2) under msrun equal
 one process: the Qwen2 fixture (saved by transformers with a tied head) fine-tuned from its folder through
-run_mindformer.py, 2 steps, at tensor parallel 2 (PyNative and jit; jit with sequence parallelism too) and data
-parallel 2 (PyNative; and with hsdp level3 in both modes: the tied output layer owns no weight, so hsdp makes it a
+run_mindformer.py, 2 steps, at tensor parallel 2 (PyNative; jit with sequence parallelism) and data
+parallel 2 (PyNative; and with hsdp level3 in PyNative, under jit with pp2 x dp2 below: the tied output layer owns no weight, so hsdp makes it a
 unit of its own that gathers the table it is handed, ``hsdp/units.py``). At tp the embedding table is vocab-split:
 the lookup runs the vocab-parallel kernel and the tied output layer multiplies by the same local rows, giving
 vocab-split logits for the vocab-parallel cross-entropy (no model code knows the rank). Losses and grad norms to a
@@ -51,8 +51,9 @@ HSDP3 = ["--parallel.enable_parallel_optimizer", "True", "--hsdp.optimizer_level
 DUALPIPE = [*PP2, "--runner_config.batch_size", 1, "--parallel_config.micro_batch_num", 4,
             "--parallel.pipeline_config.pipeline_scheduler", "dualpipe"]      # both ends on each of the 2 ranks
 EVERY_STEP = ["--callbacks", "[{type: MFLossMonitor}, {type: CheckpointMonitor, save_checkpoint_steps: 1}]"]
-RUNS = {"tp2_pynative": (1, TP2), "tp2_jit": (0, TP2), "tp2_sp_jit": (0, TP2 + SP), "dp2_pynative": (1, DP2),
-        "dp2_hsdp3_pynative": (1, DP2 + HSDP3), "dp2_hsdp3_jit": (0, DP2 + HSDP3),
+# each layout once (tp2 PyNative and tp2 + SP jit; hsdp level3 PyNative here and under jit with pp2 x dp2 below)
+RUNS = {"tp2_pynative": (1, TP2), "tp2_sp_jit": (0, TP2 + SP), "dp2_pynative": (1, DP2),
+        "dp2_hsdp3_pynative": (1, DP2 + HSDP3),
         "pp2_1f1b_pynative": (1, ONE_F_ONE_B + EVERY_STEP),
         "pp2_dualpipev_jit": (0, DUALPIPEV), "pp2_dualpipe_pynative": (1, DUALPIPE + EVERY_STEP)}
 # (tied under pp in jit: DualPipeV here and pp2 x dp2 with hsdp level3 on 4 workers; the 1F1B and DualPipe jit twins
