@@ -19,10 +19,11 @@ TOL = {"float32": dict(rtol=1e-6, atol=1e-6), "float16": dict(rtol=2e-3, atol=2e
 CASES_2 = ([["world", "float32", mode, emu] for mode in ("pynative", "jit") for emu in (False, True)]
            + [["world", "float16", mode, False] for mode in ("pynative", "jit")])
 CASES_4 = ([["world", "float32", "pynative", False], ["world", "float32", "pynative", True]]
-           + [["tp", "float32", "pynative", False], ["dp", "float32", "jit", False], ["tp", "float16", "jit", False]])
+           + [["tp", "float32", "pynative", False], ["dp", "float32", "jit", False], ["tp", "float16", "pynative", False]])
 # (tp float32 jit is not run: the subgroup kernel is the same emulated one for tp and dp groups, and
-# float32 under jit on a 4-rank mesh subgroup is the dp case; tp under jit is the float16 case, and the
-# tp membership is checked on the PyNative case. The world group's forced emulation runs eagerly: under jit
+# float32 under jit on a 4-rank mesh subgroup is the dp case; float16 on a subgroup runs eagerly (its cast is
+# the same in both modes: the 2-rank world group's float16 runs under jit), and the tp membership is checked on
+# the PyNative cases. The world group's forced emulation runs eagerly: under jit
 # on 4 ranks it is the emulated kernel the dp case compiles, and it is compiled on the 2-rank world group)
 
 

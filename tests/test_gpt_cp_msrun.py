@@ -3,7 +3,7 @@ weights merged from every rank's shards (relative 1e-5), in PyNative and under m
 split over the ``cp`` mesh axis end to end (inputs in storage order, true RoPE positions, loss = mean
 over all tokens); attention runs the ring / Ulysses / hybrid kernel. 2 ranks: ring cp2 with (PyNative) and
 without (jit) causal load balancing, narrow value heads (ring PyNative, Ulysses jit); the balanced ring and Ulysses
-at cp2 in both modes are the feature grid's cells. 4 ranks: ring cp4 (jit), Ulysses cp4 and cp2 x tp2 (PyNative),
+at cp2 in both modes are the feature grid's cells. 4 ranks: ring cp4 (PyNative), Ulysses cp4 and cp2 x tp2 (PyNative),
 dp2 x cp2 (PyNative; jit in the trainer's dp2 x cp2 job) and hybrid (Ulysses 2 x ring 2) in both modes."""
 import pytest
 
@@ -29,7 +29,7 @@ CP2 = job("gpt_cp2", 2, "tests.bodies.gpt_cp_body:run",
 # dp2_cp2_ring_hsdp_level3 job (tests/test_trainer_msrun.py: the same kernel with hsdp level3 on top,
 # losses = one process to 1e-5), so a plain dp2 x cp2 jit run here proved it twice
 CP4 = job("gpt_cp4", 4, "tests.bodies.gpt_cp_body:run",
-          {"configs": {"ring_cp4": {"cp": 4, "modes": ["jit"]},
+          {"configs": {"ring_cp4": {"cp": 4, "modes": ["pynative"]},
                        "ulysses_cp4": {"cp": 4, "algo": "ulysses", "modes": ["pynative"]},
                        "hybrid_u2_r2": {"cp": 4, "algo": "hybrid", "ulysses": 2},
                        "cp2_tp2": {"cp": 2, "tp": 2, "modes": ["pynative"]},

@@ -16,10 +16,10 @@ TP4 = job("gpt_tp4", 4, "tests.bodies.gpt_tp_body:run",
           {"configs": {"tp4": (1, 4, False)}, "modes": ["pynative"]}, timeout=600, group=__name__)
 DP2_TP2 = job("gpt_dp2_tp2", 4, "tests.bodies.gpt_tp_body:run",
               {"configs": {"dp2_tp2": (2, 2, False)}, "modes": ["jit"]}, timeout=600, group=__name__)
-# packed rows (loss_mask, position_ids, segment_ids as model inputs) at dp2 x tp2, under jit (in PyNative: the
-# feature grid's full-qwen3_moe-packed-tp2_sp-pynative, tests/test_grid_msrun.py)
+# packed rows (loss_mask, position_ids, segment_ids as model inputs) at dp2 x tp2, in PyNative (packed rows under
+# jit: the feature grid's packed cells, tests/test_grid_msrun.py)
 PACKED = job("gpt_dp2_tp2_packed", 4, "tests.bodies.gpt_tp_body:run",
-             {"configs": {"dp2_tp2_packed": (2, 2, False, True)}, "modes": ["jit"]}, timeout=600, group=__name__)
+             {"configs": {"dp2_tp2_packed": (2, 2, False, True)}, "modes": ["pynative"]}, timeout=600, group=__name__)
 
 
 @computed_ahead
@@ -84,6 +84,6 @@ def test_tp4_and_dp2_tp2(single_process):
 def test_dp2_tp2_with_packed_rows_positions_and_loss_mask(single_process, single_process_packed):
     """The batch's loss_mask / position_ids / segment_ids split over dp with the tokens: the masked mean over the
     whole batch (count reduced before the division), by-position rotary and the per-row document mask under
-    tp give the one-process losses and weights (jit here; PyNative: the feature grid)."""
-    _check(PACKED.results(), single_process_packed, PACKED.kwargs["configs"], {"dp2_tp2_packed": ["jit"]})
+    tp give the one-process losses and weights (PyNative here; jit: the feature grid's packed cells)."""
+    _check(PACKED.results(), single_process_packed, PACKED.kwargs["configs"], {"dp2_tp2_packed": ["pynative"]})
     assert abs(single_process_packed["pynative"]["losses"][0] - single_process["pynative"]["losses"][0]) > 1e-3

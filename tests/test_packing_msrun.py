@@ -179,7 +179,7 @@ V = ["--parallel.pipeline_config.pipeline_interleave", 2, "--parallel.pipeline_c
 PIPELINE_RUNS = {"pp2_dualpipev_jit": (0, [*DUALPIPE, "dualpipev", *V]),
                  "pp2_dualpipe_pynative": (1, [*DUALPIPE, "dualpipe"])}
 # pp2 x dp2 with hsdp level3 in PyNative (packed rows through hsdp level3 under jit, without pp: the feature grid's
-# full-qwen3-packed-dp2_hsdp3-jit; level2 under a pipeline: tests/test_mtp_msrun.py's pp2 x dp2 job)
+# full-qwen3-packed-dp2_hsdp3-jit; level2 under a pipeline: tests/test_tied_embeddings_msrun.py's pp2 x dp2 job)
 FOUR_RUNS = {"pp2_dp2_hsdp3_pynative": (1, [*HSDP, "level3"])}
 
 
