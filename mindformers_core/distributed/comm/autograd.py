@@ -13,17 +13,12 @@ from .kernels import CommCell
 
 
 class Identity(CommCell):
-    """The forward of ``copy_to_region`` (and the backward of ``reduce_from_region``): ``x`` as a new value, never
-    ``x`` itself (``kernels.FreshCopy``: a custom-bprop Cell passing its input through gets wrong gradients
-    under ``ms.jit`` once the graph has a side effect)."""
+    """``x`` unchanged: the backward of ``reduce_from_region`` as is; as a ``Differentiable``'s forward
+    (``copy_to_region``) it is replaced by ``kernels.FreshCopy`` (``mode``: see ``kernels.passes_input_through``)."""
     mode = "identity"
 
-    def __init__(self):
-        super().__init__()
-        self.fresh = K.FreshCopy()
-
     def construct(self, x):
-        return self.fresh(x)
+        return x
 
 
 class Differentiable(CommCell):
