@@ -256,9 +256,9 @@ def with_mtp_layer(source: str, target: str) -> None:
     tensors = load_file(os.path.join(source, "model.safetensors"))
     last = f"model.layers.{layers - 1}."
     rng = np.random.default_rng(20261128)
+    dtype = tensors["model.embed_tokens.weight"].dtype
     for k in range(depths):
         mtp = f"model.layers.{layers + k}."
-        dtype = tensors["model.embed_tokens.weight"].dtype
         for name in [n for n in tensors if n.startswith(last)]:
             tensors[mtp + name[len(last):]] = tensors[name].copy()
         for norm in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
@@ -266,12 +266,10 @@ def with_mtp_layer(source: str, target: str) -> None:
         tensors[mtp + "eh_proj.weight"] = (rng.standard_normal((h, 2 * h)) * 0.02).astype(dtype)
         tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].copy()
         tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].copy()
-    staging = target + ".tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging, ignore=shutil.ignore_patterns("*.safetensors", "*.npz"))
-    save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(staging, target)
+    from ..models.hf.export import staged_folder
+    with staged_folder(target) as stage:
+        shutil.copytree(source, stage, ignore=shutil.ignore_patterns("*.safetensors", "*.npz"), dirs_exist_ok=True)
+        save_file(tensors, os.path.join(stage, "model.safetensors"), metadata={"format": "pt"})
 
 
 DERIVED_FOLDERS: Dict[str, Callable[[str, str], None]] = {"with_mtp_layer": with_mtp_layer}
